@@ -1,0 +1,126 @@
+//! The dataplane's counters: indices into the per-CPU `COUNTERS` array.
+//!
+//! Userspace sums each counter over CPUs. Every packet the switch's ingress
+//! program sees ends in exactly one of the "outcome" counters (`Passed`,
+//! `Consumed`, `Completed`, `ReplyFromCache` or one of the `Drop*` reasons), so
+//! their sum equals `RxPackets`.
+
+/// Index of a counter in the `COUNTERS` map.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Counter {
+    /// Frames seen by the ingress program.
+    RxPackets = 0,
+    /// Non-xina frames handed to the kernel unchanged.
+    Passed,
+    /// Contributions accepted into a slot (first or combining), duplicates excluded.
+    Contributions,
+    /// Contributions that were accepted and did not complete their chunk (consumed).
+    Consumed,
+    /// Chunks completed: the completing packet became the result.
+    Completed,
+    /// Result copies written by the egress program, one per member.
+    ResultsSent,
+    /// Retransmitted contributions of a finished chunk, answered to the sender from the slot.
+    ReplyFromCache,
+    /// A rank contributed twice to a chunk still being aggregated.
+    DropDuplicate,
+    /// The frame was too short for the headers or the payload it announces.
+    DropTruncated,
+    /// UDP to the xina port, but bad magic or version.
+    DropBadHeader,
+    /// A fragmented IPv4 datagram on the xina port.
+    DropFragment,
+    /// A packet kind the switch does not handle on ingress.
+    DropUnsupportedKind,
+    /// The job id is not installed.
+    DropUnknownJob,
+    /// The rank is not a member, or the source address/port is not the rank's.
+    DropNotMember,
+    /// The slot index lies outside the job's slot range.
+    DropBadSlot,
+    /// Element count, type or op disagree with the job or with the chunk in the slot.
+    DropBadShape,
+    /// A contribution for a chunk older than the one its slot holds.
+    DropStale,
+    /// The redirect to the job's members failed.
+    DropRedirect,
+    /// A result copy leaving a port on which the job has no member (egress).
+    EgressNotMember,
+}
+
+impl Counter {
+    /// Number of counters.
+    pub const COUNT: usize = 19;
+
+    /// Every counter, in index order.
+    pub const ALL: [Self; Self::COUNT] = [
+        Self::RxPackets,
+        Self::Passed,
+        Self::Contributions,
+        Self::Consumed,
+        Self::Completed,
+        Self::ResultsSent,
+        Self::ReplyFromCache,
+        Self::DropDuplicate,
+        Self::DropTruncated,
+        Self::DropBadHeader,
+        Self::DropFragment,
+        Self::DropUnsupportedKind,
+        Self::DropUnknownJob,
+        Self::DropNotMember,
+        Self::DropBadSlot,
+        Self::DropBadShape,
+        Self::DropStale,
+        Self::DropRedirect,
+        Self::EgressNotMember,
+    ];
+
+    /// A short snake-case name, for tables, JSON and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::RxPackets => "rx_packets",
+            Self::Passed => "passed",
+            Self::Contributions => "contributions",
+            Self::Consumed => "consumed",
+            Self::Completed => "completed",
+            Self::ResultsSent => "results_sent",
+            Self::ReplyFromCache => "reply_from_cache",
+            Self::DropDuplicate => "drop_duplicate",
+            Self::DropTruncated => "drop_truncated",
+            Self::DropBadHeader => "drop_bad_header",
+            Self::DropFragment => "drop_fragment",
+            Self::DropUnsupportedKind => "drop_unsupported_kind",
+            Self::DropUnknownJob => "drop_unknown_job",
+            Self::DropNotMember => "drop_not_member",
+            Self::DropBadSlot => "drop_bad_slot",
+            Self::DropBadShape => "drop_bad_shape",
+            Self::DropStale => "drop_stale",
+            Self::DropRedirect => "drop_redirect",
+            Self::EgressNotMember => "egress_not_member",
+        }
+    }
+
+    /// Whether this counter is one of the ingress outcomes (see the module docs).
+    pub const fn is_ingress_outcome(self) -> bool {
+        !matches!(
+            self,
+            Self::RxPackets | Self::Contributions | Self::ResultsSent | Self::EgressNotMember
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_is_in_index_order_and_names_are_unique() {
+        for (i, c) in Counter::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i, "{c:?}");
+            for d in &Counter::ALL[..i] {
+                assert_ne!(c.name(), d.name());
+            }
+        }
+    }
+}

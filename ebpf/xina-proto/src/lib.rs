@@ -1,0 +1,42 @@
+//! The xina wire format and the types shared by everything that speaks it.
+//!
+//! This crate is the single source of truth for the protocol: the XDP dataplane
+//! (`xina-ebpf`), the control plane (`xina`), the worker library (`xina-host`)
+//! and the testbed all import their offsets, constants and map layouts from
+//! here. It is `no_std` so the eBPF programs can use it; the `user` feature adds
+//! `aya::Pod` implementations for the map types.
+//!
+//! - [`header`]: the xina header carried after UDP on [`XINA_UDP_PORT`].
+//! - [`net`]: the Ethernet / IPv4 / UDP offsets the dataplane parses.
+//! - [`checksum`]: incremental Internet checksum arithmetic (RFC 1624).
+//! - [`maps`]: map keys and values crossing the kernel/user boundary.
+//! - [`counters`]: the dataplane's counter indices and their names.
+#![no_std]
+
+pub mod checksum;
+pub mod counters;
+pub mod header;
+pub mod maps;
+pub mod net;
+
+pub use header::{DType, Error, Flags, Kind, Op, Packet, Repr};
+
+/// The UDP destination port that marks a datagram as xina traffic.
+///
+/// Workers send contributions to the switch on this port and the switch sends
+/// results from it.
+pub const XINA_UDP_PORT: u16 = 19_860;
+
+/// The first byte of every xina header (`'X'`).
+pub const MAGIC: u8 = 0x58;
+
+/// The header version this crate speaks.
+pub const VERSION: u8 = 1;
+
+/// Most ranks a job can have: the width of the rank bitmap.
+pub const MAX_RANKS: usize = 64;
+
+/// Most elements one aggregation packet carries, and the capacity of one
+/// aggregator slot. 256 `int32` values (1 KiB) fit a 1500-byte MTU with room
+/// to spare and match SwitchML's figure.
+pub const MAX_ELEMS: usize = 256;

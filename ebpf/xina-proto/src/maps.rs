@@ -1,0 +1,196 @@
+//! Keys and values of the dataplane's maps, and the maps' names.
+//!
+//! Every type here is `#[repr(C)]` with explicit padding and a size assertion,
+//! so the kernel and userspace agree byte for byte. Addresses and ports are
+//! stored in network order, exactly as they appear in packets.
+
+use crate::MAX_ELEMS;
+
+/// Map names as they appear in the eBPF object.
+pub mod names {
+    /// `HashMap<u32, Job>`: installed jobs by id.
+    pub const JOBS: &str = "JOBS";
+    /// `HashMap<MemberKey, Member>`: a job's members by rank.
+    pub const MEMBERS: &str = "MEMBERS";
+    /// `HashMap<PortKey, Member>`: a job's member behind a switch port.
+    pub const PORT_MEMBERS: &str = "PORT_MEMBERS";
+    /// `Array<Slot>`: the aggregator slot pool, two copies per slot.
+    pub const SLOTS: &str = "SLOTS";
+    /// `DevMap`: the switch's ports, each with the egress program.
+    pub const PORTS: &str = "PORTS";
+    /// `PerCpuArray<u64>`: counters indexed by [`crate::counters::Counter`].
+    pub const COUNTERS: &str = "COUNTERS";
+    /// `Array<u32>` with one entry: the egress ifindex the test entry point
+    /// of the egress program pretends to run on.
+    pub const TEST_EGRESS_IFINDEX: &str = "TEST_EGRESS_IFINDEX";
+}
+
+/// Program names in the eBPF object.
+pub mod programs {
+    /// Ingress XDP program attached to every switch port.
+    pub const SWITCH: &str = "xina_switch";
+    /// Devmap egress program that addresses each result copy to its member.
+    pub const EGRESS: &str = "xina_egress";
+    /// Plain XDP wrapper of the egress logic for `BPF_PROG_TEST_RUN`, which
+    /// cannot run devmap programs.
+    pub const EGRESS_TEST: &str = "xina_egress_test";
+}
+
+/// Capacity of the `PORTS` devmap: most ports one switch can have.
+pub const MAX_PORTS: u32 = 64;
+/// Capacity of the `JOBS` map.
+pub const MAX_JOBS: u32 = 1024;
+/// Capacity of the `MEMBERS` and `PORT_MEMBERS` maps.
+pub const MAX_MEMBERS: u32 = 16 * 1024;
+/// Default number of slots in the pool (each has two copies in `SLOTS`).
+pub const DEFAULT_SLOT_POOL: u32 = 4096;
+
+/// Result delivery modes of a job.
+pub mod mode {
+    /// The result goes to every member.
+    pub const ALLREDUCE: u8 = 0;
+}
+
+/// An installed job (tenant).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Job {
+    /// Number of ranks; ranks are `0..fan_in`.
+    pub fan_in: u8,
+    /// [`crate::Op`] as its wire value.
+    pub op: u8,
+    /// [`crate::DType`] as its wire value.
+    pub dtype: u8,
+    /// One of [`mode`].
+    pub mode: u8,
+    /// Most elements per packet (the last chunk of a buffer may carry fewer).
+    pub elems: u16,
+    pub _pad: u16,
+    /// First slot of the job's private range in the pool.
+    pub slot_base: u32,
+    /// Number of slots in the range; packets index `0..slot_count`.
+    pub slot_count: u32,
+    /// Bitmap with one bit per rank: the chunk is complete when the slot's
+    /// bitmap equals it.
+    pub all_ranks: u64,
+}
+
+/// Key of `MEMBERS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemberKey {
+    pub job: u32,
+    pub rank: u32,
+}
+
+/// Key of `PORT_MEMBERS`: which member of `job` sits behind port `ifindex`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PortKey {
+    pub job: u32,
+    pub ifindex: u32,
+}
+
+/// Where a member of a job lives.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Member {
+    /// IPv4 address, network order.
+    pub ip: [u8; 4],
+    /// UDP port, network order.
+    pub port: [u8; 2],
+    /// The member's MAC address.
+    pub mac: [u8; 6],
+    /// MAC address of the switch port the member is attached to (the source
+    /// MAC of frames sent to it).
+    pub port_mac: [u8; 6],
+    pub _pad: [u8; 2],
+    /// Interface index of that switch port.
+    pub ifindex: u32,
+    /// The member's rank.
+    pub rank: u32,
+}
+
+/// The kernel's `struct bpf_spin_lock`. The verifier finds the lock of a map
+/// value by this exact BTF type name, hence the C-style name.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct bpf_spin_lock {
+    pub val: u32,
+}
+
+/// Slot states.
+pub mod slot_state {
+    /// Never used since the pool was created or the job installed.
+    pub const EMPTY: u32 = 0;
+    /// Some ranks have contributed to `seq`.
+    pub const PARTIAL: u32 = 1;
+    /// Every rank has contributed; `values` holds the result of `seq`.
+    pub const COMPLETE: u32 = 2;
+}
+
+/// One copy of an aggregator slot. A slot has two copies (selected by the
+/// header's version bit): while chunk `s + W` accumulates in one, the other
+/// still holds the result of chunk `s` for ranks that retransmit.
+///
+/// Memory: 1,056 bytes per copy, 2,112 bytes per slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot {
+    /// Serialises contributions from different CPUs to this copy.
+    pub lock: bpf_spin_lock,
+    /// One of [`slot_state`].
+    pub state: u32,
+    /// Chunk sequence number held.
+    pub seq: u32,
+    /// Number of elements of the chunk.
+    pub count: u32,
+    /// Ranks that have contributed.
+    pub bitmap: u64,
+    /// [`crate::Flags`] bits of the result (overflow).
+    pub flags: u32,
+    pub _pad: u32,
+    /// Running combination, host byte order.
+    pub values: [i32; MAX_ELEMS],
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Self {
+            lock: bpf_spin_lock::default(),
+            state: slot_state::EMPTY,
+            seq: 0,
+            count: 0,
+            bitmap: 0,
+            flags: 0,
+            _pad: 0,
+            values: [0; MAX_ELEMS],
+        }
+    }
+}
+
+const _: () = {
+    assert!(size_of::<Job>() == 24);
+    assert!(size_of::<MemberKey>() == 8);
+    assert!(size_of::<PortKey>() == 8);
+    assert!(size_of::<Member>() == 28);
+    assert!(size_of::<bpf_spin_lock>() == 4);
+    assert!(size_of::<Slot>() == 32 + 4 * MAX_ELEMS);
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::{Job, Member, MemberKey, PortKey, Slot};
+
+    // SAFETY: each type is `#[repr(C)]`, `Copy`, has no padding (checked by
+    // the size assertions above) and every bit pattern is a valid value.
+    unsafe impl aya::Pod for Job {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for MemberKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for PortKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for Member {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for Slot {}
+}

@@ -1,0 +1,670 @@
+//! [`Dataplane`]: the loaded XDP programs and their maps, behind domain verbs.
+//!
+//! Nothing outside this module names a map or a program; everything goes
+//! through `Dataplane::attach`, `install_job`, `remove_job`, `counters`,
+//! `slot`, and the `test_run_*` methods that push one frame through a
+//! program with `BPF_PROG_TEST_RUN` (no interface needed).
+//!
+//! Network-namespace note: attaching and filling the `PORTS` devmap resolve
+//! interface indexes in the network namespace of the calling thread. Call
+//! [`Dataplane::attach`] from a thread inside the switch's namespace.
+
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, DevMap, HashMap, MapData, PerCpuArray},
+    programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
+};
+use xina_proto::{
+    DType, MAX_ELEMS, MAX_RANKS, Op,
+    counters::Counter,
+    maps::{
+        DEFAULT_SLOT_POOL, Job, MAX_PORTS, Member, MemberKey, PortKey, Slot, mode, names, programs,
+    },
+};
+
+/// The eBPF object built by `build.rs`.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xina"));
+
+/// Why a dataplane operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("loading the eBPF object")]
+    Load(#[source] aya::EbpfError),
+    #[error("program {name}: {what}")]
+    Program {
+        name: &'static str,
+        what: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("map {name}: {what}")]
+    Map {
+        name: &'static str,
+        what: String,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("adding port {ifname} to the broadcast map")]
+    Port {
+        ifname: String,
+        #[source]
+        source: aya::maps::xdp::XdpMapError,
+    },
+    #[error("map {0} is missing from the eBPF object")]
+    MissingMap(&'static str),
+    #[error("program {0} is missing from the eBPF object")]
+    MissingProgram(&'static str),
+    #[error("interface {0} does not exist in this network namespace")]
+    UnknownInterface(String),
+    #[error("interface {0} is already a port of this switch")]
+    AlreadyAttached(String),
+    #[error("this switch already has {MAX_PORTS} ports")]
+    TooManyPorts,
+    #[error("attaching to {ifname} ({mode:?} mode)")]
+    Attach {
+        ifname: String,
+        mode: XdpMode,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("job {job}: {what}")]
+    Job { job: u32, what: String },
+    #[error("job {0} is already installed")]
+    JobExists(u32),
+    #[error("job {0} is not installed")]
+    NoSuchJob(u32),
+    #[error("test run of {name}")]
+    TestRun {
+        name: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+}
+
+/// Options fixed when the dataplane is loaded.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// Number of aggregator slots in the pool (each has two copies).
+    pub slot_pool: u32,
+    /// Log chunk completions and cache replies from the dataplane (costly).
+    pub debug: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            slot_pool: DEFAULT_SLOT_POOL,
+            debug: false,
+        }
+    }
+}
+
+/// A member of a job, resolved to what the dataplane stores.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberSpec {
+    pub rank: u8,
+    pub ip: Ipv4Addr,
+    pub udp_port: u16,
+    pub mac: [u8; 6],
+    /// Interface index of the switch port the member sits behind.
+    pub ifindex: u32,
+    /// MAC address of that switch port.
+    pub port_mac: [u8; 6],
+}
+
+/// A job, resolved to what the dataplane stores.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobSpec {
+    pub id: u32,
+    pub op: Op,
+    pub dtype: DType,
+    pub elems_per_packet: u16,
+    pub slot_base: u32,
+    pub slot_count: u32,
+    /// Members, one per rank `0..members.len()`.
+    pub members: Vec<MemberSpec>,
+}
+
+/// One port the switch is attached to.
+#[derive(Debug)]
+pub struct Port {
+    pub name: String,
+    pub ifindex: u32,
+    pub mode: XdpMode,
+    link: XdpLinkId,
+}
+
+/// Counters summed over CPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters(pub [u64; Counter::COUNT]);
+
+impl Counters {
+    pub fn get(&self, c: Counter) -> u64 {
+        self.0[c as usize]
+    }
+
+    /// Counters that changed since `before`.
+    pub fn delta(&self, before: &Self) -> Self {
+        let mut d = Self::default();
+        for c in Counter::ALL {
+            d.0[c as usize] = self.get(c).wrapping_sub(before.get(c));
+        }
+        d
+    }
+
+    /// Name → value, for printing and JSON.
+    pub fn to_map(&self) -> BTreeMap<&'static str, u64> {
+        Counter::ALL
+            .iter()
+            .map(|c| (c.name(), self.get(*c)))
+            .collect()
+    }
+}
+
+/// The outcome of one `BPF_PROG_TEST_RUN`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TestOutput {
+    /// The XDP action the program returned.
+    pub action: u32,
+    /// The frame as the program left it.
+    pub frame: Vec<u8>,
+}
+
+/// Reader of the dataplane's aya-log records (see [`Dataplane::take_logger`]).
+pub type Logger = aya_log::EbpfLogger<&'static dyn log::Log>;
+
+/// The loaded xina dataplane.
+pub struct Dataplane {
+    ebpf: Ebpf,
+    ports: Vec<Port>,
+    jobs: BTreeMap<u32, JobSpec>,
+    slot_pool: u32,
+    logger: Option<Logger>,
+}
+
+impl std::fmt::Debug for Dataplane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dataplane")
+            .field("ports", &self.ports)
+            .field("jobs", &self.jobs.keys())
+            .field("slot_pool", &self.slot_pool)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Dataplane {
+    /// Loads the programs and creates the maps; attaches nothing.
+    ///
+    /// # Errors
+    /// When the kernel refuses the object (no BPF rights, verifier).
+    pub fn load(opts: LoadOptions) -> Result<Self, Error> {
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(names::SLOTS, 2 * opts.slot_pool)
+            .override_global("XINA_DEBUG", &u8::from(opts.debug), true)
+            .load(EBPF_OBJECT)
+            .map_err(Error::Load)?;
+        // Without the logger the dataplane's log records are simply not read.
+        let logger = if opts.debug {
+            aya_log::EbpfLogger::init(&mut ebpf).ok()
+        } else {
+            None
+        };
+        for name in [programs::SWITCH, programs::EGRESS, programs::EGRESS_TEST] {
+            xdp_mut(&mut ebpf, name)?
+                .load()
+                .map_err(|source| Error::Program {
+                    name,
+                    what: "load",
+                    source,
+                })?;
+        }
+        Ok(Self {
+            ebpf,
+            ports: Vec::new(),
+            jobs: BTreeMap::new(),
+            slot_pool: opts.slot_pool,
+            logger,
+        })
+    }
+
+    /// The reader of the dataplane's log records, when loaded with `debug`.
+    /// Whoever takes it must call its `flush` when its descriptor is readable.
+    pub fn take_logger(&mut self) -> Option<Logger> {
+        self.logger.take()
+    }
+
+    /// Number of slots in the pool.
+    pub fn slot_pool(&self) -> u32 {
+        self.slot_pool
+    }
+
+    /// The attached ports.
+    pub fn ports(&self) -> &[Port] {
+        &self.ports
+    }
+
+    /// The installed jobs.
+    pub fn jobs(&self) -> impl Iterator<Item = &JobSpec> {
+        self.jobs.values()
+    }
+
+    /// Makes `ifname` a switch port: attaches the ingress program and adds
+    /// the port, with the egress program, to the broadcast devmap.
+    ///
+    /// # Errors
+    /// Unknown interface, already attached, too many ports, attach failure.
+    pub fn attach(&mut self, ifname: &str, mode: XdpMode) -> Result<&Port, Error> {
+        if self.ports.iter().any(|p| p.name == ifname) {
+            return Err(Error::AlreadyAttached(ifname.to_owned()));
+        }
+        let index = u32::try_from(self.ports.len()).map_err(|_| Error::TooManyPorts)?;
+        if index >= MAX_PORTS {
+            return Err(Error::TooManyPorts);
+        }
+        let ifindex = crate::netdev::ifindex(ifname)
+            .ok_or_else(|| Error::UnknownInterface(ifname.to_owned()))?;
+        let egress_fd = xdp_mut(&mut self.ebpf, programs::EGRESS)?
+            .fd()
+            .map_err(|source| Error::Program {
+                name: programs::EGRESS,
+                what: "fd",
+                source,
+            })?
+            .try_clone()
+            .map_err(|e| Error::Program {
+                name: programs::EGRESS,
+                what: "fd",
+                source: ProgramError::IOError(e),
+            })?;
+        let mut ports: DevMap<&mut MapData> = map_mut(&mut self.ebpf, names::PORTS)?;
+        ports
+            .set(index, ifindex, Some(&egress_fd), 0)
+            .map_err(|source| Error::Port {
+                ifname: ifname.to_owned(),
+                source,
+            })?;
+        let attached = xdp_mut(&mut self.ebpf, programs::SWITCH)?.attach_to_if_index(ifindex, mode);
+        let link = match attached {
+            Ok(link) => link,
+            Err(source) => {
+                // Leave the devmap as it was: the port does not exist.
+                self.clear_port_slot(index);
+                return Err(Error::Attach {
+                    ifname: ifname.to_owned(),
+                    mode,
+                    source,
+                });
+            }
+        };
+        self.ports.push(Port {
+            name: ifname.to_owned(),
+            ifindex,
+            mode,
+            link,
+        });
+        Ok(self.ports.last().expect("just pushed"))
+    }
+
+    fn clear_port_slot(&mut self, index: u32) {
+        if let Ok(mut ports) = map_mut::<DevMap<&mut MapData>>(&mut self.ebpf, names::PORTS) {
+            // An entry with ifindex 0 is what an unused devmap slot holds;
+            // the broadcast skips it.
+            let _ = ports.set(index, 0, None, 0);
+        }
+    }
+
+    /// Detaches every port. Also done on drop.
+    pub fn detach_all(&mut self) {
+        let ports = std::mem::take(&mut self.ports);
+        for (index, port) in ports.into_iter().enumerate().rev() {
+            if let Ok(prog) = xdp_mut(&mut self.ebpf, programs::SWITCH) {
+                if let Err(e) = prog.detach(port.link) {
+                    log::warn!("detaching from {}: {e}", port.name);
+                }
+            }
+            self.clear_port_slot(u32::try_from(index).expect("at most MAX_PORTS ports"));
+        }
+    }
+
+    /// Installs a job: its slots are cleared, its members and then the job
+    /// entry written. On any error nothing of the job remains.
+    ///
+    /// # Errors
+    /// Job already installed, invalid shape, slot range outside the pool or
+    /// overlapping another job, map update failures.
+    pub fn install_job(&mut self, job: &JobSpec) -> Result<(), Error> {
+        self.check_job(job)?;
+        let res = self.write_job(job);
+        if res.is_err() {
+            self.erase_job(job);
+        } else {
+            self.jobs.insert(job.id, job.clone());
+        }
+        res
+    }
+
+    fn check_job(&self, job: &JobSpec) -> Result<(), Error> {
+        let bad = |what: String| Error::Job { job: job.id, what };
+        if self.jobs.contains_key(&job.id) {
+            return Err(Error::JobExists(job.id));
+        }
+        let fan_in = job.members.len();
+        if fan_in == 0 || fan_in > MAX_RANKS {
+            return Err(bad(format!("{fan_in} members (must be 1..={MAX_RANKS})")));
+        }
+        for (i, m) in job.members.iter().enumerate() {
+            if usize::from(m.rank) != i {
+                return Err(bad(format!(
+                    "member {i} has rank {} (ranks must be 0..{fan_in} in order)",
+                    m.rank
+                )));
+            }
+            if m.ifindex == 0 {
+                return Err(bad(format!("rank {}: no switch port (ifindex 0)", m.rank)));
+            }
+            if let Some(other) = job.members[..i].iter().find(|o| o.ifindex == m.ifindex) {
+                return Err(bad(format!(
+                    "ranks {} and {} sit behind the same switch port (one member per port and job)",
+                    other.rank, m.rank
+                )));
+            }
+        }
+        if job.dtype != DType::I32 {
+            return Err(bad(format!(
+                "element type {:?} is not supported by this dataplane yet",
+                job.dtype
+            )));
+        }
+        if job.op != Op::Sum {
+            return Err(bad(format!(
+                "op {:?} is not supported by this dataplane yet",
+                job.op
+            )));
+        }
+        if job.elems_per_packet == 0 || usize::from(job.elems_per_packet) > MAX_ELEMS {
+            return Err(bad(format!(
+                "elems_per_packet {} (must be 1..={MAX_ELEMS})",
+                job.elems_per_packet
+            )));
+        }
+        let end = u64::from(job.slot_base) + u64::from(job.slot_count);
+        if job.slot_count == 0 || end > u64::from(self.slot_pool) {
+            return Err(bad(format!(
+                "slots {}..{end} do not fit the pool of {} slots",
+                job.slot_base, self.slot_pool
+            )));
+        }
+        for other in self.jobs.values() {
+            let other_end = other.slot_base + other.slot_count;
+            if u64::from(job.slot_base) < u64::from(other_end) && u64::from(other.slot_base) < end {
+                return Err(bad(format!(
+                    "slots {}..{end} overlap job {}'s slots {}..{other_end}",
+                    job.slot_base, other.id, other.slot_base
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn write_job(&mut self, job: &JobSpec) -> Result<(), Error> {
+        let map_err =
+            |name: &'static str, what: String| move |source| Error::Map { name, what, source };
+        {
+            let mut slots: Array<&mut MapData, Slot> = map_mut(&mut self.ebpf, names::SLOTS)?;
+            let empty = Slot::default();
+            for i in 2 * job.slot_base..2 * (job.slot_base + job.slot_count) {
+                slots
+                    .set(i, empty, 0)
+                    .map_err(map_err(names::SLOTS, format!("clearing slot copy {i}")))?;
+            }
+        }
+        {
+            let mut members: HashMap<&mut MapData, MemberKey, Member> =
+                map_mut(&mut self.ebpf, names::MEMBERS)?;
+            for m in &job.members {
+                let key = MemberKey {
+                    job: job.id,
+                    rank: u32::from(m.rank),
+                };
+                members.insert(key, member_value(m), 0).map_err(map_err(
+                    names::MEMBERS,
+                    format!("job {} rank {}", job.id, m.rank),
+                ))?;
+            }
+        }
+        {
+            let mut by_port: HashMap<&mut MapData, PortKey, Member> =
+                map_mut(&mut self.ebpf, names::PORT_MEMBERS)?;
+            for m in &job.members {
+                let key = PortKey {
+                    job: job.id,
+                    ifindex: m.ifindex,
+                };
+                by_port.insert(key, member_value(m), 0).map_err(map_err(
+                    names::PORT_MEMBERS,
+                    format!("job {} rank {}", job.id, m.rank),
+                ))?;
+            }
+        }
+        let fan_in = u8::try_from(job.members.len()).expect("checked: at most 64 members");
+        let value = Job {
+            fan_in,
+            op: job.op as u8,
+            dtype: job.dtype as u8,
+            mode: mode::ALLREDUCE,
+            elems: job.elems_per_packet,
+            _pad: 0,
+            slot_base: job.slot_base,
+            slot_count: job.slot_count,
+            all_ranks: if fan_in == 64 {
+                u64::MAX
+            } else {
+                (1u64 << fan_in) - 1
+            },
+        };
+        // The job entry goes last: until it exists, no packet reaches the slots.
+        let mut jobs: HashMap<&mut MapData, u32, Job> = map_mut(&mut self.ebpf, names::JOBS)?;
+        jobs.insert(job.id, value, 0)
+            .map_err(map_err(names::JOBS, format!("job {}", job.id)))
+    }
+
+    /// Removes whatever the dataplane holds of `job` (ignoring absent entries).
+    fn erase_job(&mut self, job: &JobSpec) {
+        if let Ok(mut jobs) =
+            map_mut::<HashMap<&mut MapData, u32, Job>>(&mut self.ebpf, names::JOBS)
+        {
+            let _ = jobs.remove(&job.id);
+        }
+        if let Ok(mut members) =
+            map_mut::<HashMap<&mut MapData, MemberKey, Member>>(&mut self.ebpf, names::MEMBERS)
+        {
+            for m in &job.members {
+                let _ = members.remove(&MemberKey {
+                    job: job.id,
+                    rank: u32::from(m.rank),
+                });
+            }
+        }
+        if let Ok(mut by_port) =
+            map_mut::<HashMap<&mut MapData, PortKey, Member>>(&mut self.ebpf, names::PORT_MEMBERS)
+        {
+            for m in &job.members {
+                let _ = by_port.remove(&PortKey {
+                    job: job.id,
+                    ifindex: m.ifindex,
+                });
+            }
+        }
+    }
+
+    /// Removes an installed job; its traffic is dropped as an unknown job.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchJob`].
+    pub fn remove_job(&mut self, id: u32) -> Result<(), Error> {
+        let job = self.jobs.remove(&id).ok_or(Error::NoSuchJob(id))?;
+        self.erase_job(&job);
+        Ok(())
+    }
+
+    /// The counters, summed over CPUs.
+    ///
+    /// # Errors
+    /// When the map cannot be read.
+    pub fn counters(&self) -> Result<Counters, Error> {
+        let map: PerCpuArray<&MapData, u64> = map_ref(&self.ebpf, names::COUNTERS)?;
+        let mut out = Counters::default();
+        for c in Counter::ALL {
+            let values = map.get(&(c as u32), 0).map_err(|source| Error::Map {
+                name: names::COUNTERS,
+                what: format!("reading {}", c.name()),
+                source,
+            })?;
+            out.0[c as usize] = values.iter().sum();
+        }
+        Ok(out)
+    }
+
+    /// Copy `version` of slot `slot` of the pool (absolute index).
+    ///
+    /// # Errors
+    /// When the index is outside the pool.
+    pub fn slot(&self, slot: u32, version: bool) -> Result<Slot, Error> {
+        let map: Array<&MapData, Slot> = map_ref(&self.ebpf, names::SLOTS)?;
+        let index = 2 * slot + u32::from(version);
+        map.get(&index, 0).map_err(|source| Error::Map {
+            name: names::SLOTS,
+            what: format!("reading slot {slot} copy {}", u32::from(version)),
+            source,
+        })
+    }
+
+    /// Runs the ingress program once on `frame`, as if it arrived on
+    /// interface `ingress_ifindex` (which must exist in this namespace; 0 for
+    /// none), changing slots and counters like a real packet.
+    ///
+    /// # Errors
+    /// When the kernel refuses the test run.
+    pub fn test_run_switch(
+        &mut self,
+        frame: &[u8],
+        ingress_ifindex: u32,
+    ) -> Result<TestOutput, Error> {
+        run(
+            xdp_mut(&mut self.ebpf, programs::SWITCH)?,
+            programs::SWITCH,
+            frame,
+            ingress_ifindex,
+        )
+    }
+
+    /// Runs the egress logic once on `frame` as if the copy left through
+    /// interface `egress_ifindex`.
+    ///
+    /// # Errors
+    /// When the kernel refuses the test run.
+    pub fn test_run_egress(
+        &mut self,
+        frame: &[u8],
+        egress_ifindex: u32,
+    ) -> Result<TestOutput, Error> {
+        {
+            let mut m: Array<&mut MapData, u32> =
+                map_mut(&mut self.ebpf, names::TEST_EGRESS_IFINDEX)?;
+            m.set(0, egress_ifindex, 0).map_err(|source| Error::Map {
+                name: names::TEST_EGRESS_IFINDEX,
+                what: "set".to_owned(),
+                source,
+            })?;
+        }
+        run(
+            xdp_mut(&mut self.ebpf, programs::EGRESS_TEST)?,
+            programs::EGRESS_TEST,
+            frame,
+            0,
+        )
+    }
+}
+
+impl Drop for Dataplane {
+    fn drop(&mut self) {
+        self.detach_all();
+    }
+}
+
+fn member_value(m: &MemberSpec) -> Member {
+    Member {
+        ip: m.ip.octets(),
+        port: m.udp_port.to_be_bytes(),
+        mac: m.mac,
+        port_mac: m.port_mac,
+        _pad: [0; 2],
+        ifindex: m.ifindex,
+        rank: u32::from(m.rank),
+    }
+}
+
+fn run(
+    prog: &mut Xdp,
+    name: &'static str,
+    frame: &[u8],
+    ingress_ifindex: u32,
+) -> Result<TestOutput, Error> {
+    // `struct xdp_md`: data, data_end, data_meta, ingress_ifindex,
+    // rx_queue_index, egress_ifindex. The kernel wants data_end = frame length.
+    let mut ctx = [0u8; 24];
+    let len = u32::try_from(frame.len()).expect("frames are small");
+    ctx[4..8].copy_from_slice(&len.to_ne_bytes());
+    ctx[12..16].copy_from_slice(&ingress_ifindex.to_ne_bytes());
+    // Room for a frame that grows (it does not today).
+    let mut out = vec![0u8; frame.len() + 256];
+    let mut opts = TestRunOptions::new();
+    opts.data_in = Some(frame);
+    opts.data_out = Some(&mut out);
+    opts.ctx_in = Some(&ctx);
+    let result = prog
+        .test_run(opts)
+        .map_err(|source| Error::TestRun { name, source })?;
+    out.truncate(result.data_size_out as usize);
+    Ok(TestOutput {
+        action: result.return_value,
+        frame: out,
+    })
+}
+
+fn xdp_mut<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp, Error> {
+    ebpf.program_mut(name)
+        .ok_or(Error::MissingProgram(name))?
+        .try_into()
+        .map_err(|source| Error::Program {
+            name,
+            what: "not an XDP program",
+            source,
+        })
+}
+
+fn map_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<T, Error>
+where
+    T: TryFrom<&'a mut aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.map_mut(name).ok_or(Error::MissingMap(name))?;
+    T::try_from(map).map_err(|source| Error::Map {
+        name,
+        what: "type".to_owned(),
+        source,
+    })
+}
+
+fn map_ref<'a, T>(ebpf: &'a Ebpf, name: &'static str) -> Result<T, Error>
+where
+    T: TryFrom<&'a aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.map(name).ok_or(Error::MissingMap(name))?;
+    T::try_from(map).map_err(|source| Error::Map {
+        name,
+        what: "type".to_owned(),
+        source,
+    })
+}
