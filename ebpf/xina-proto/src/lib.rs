@@ -38,5 +38,5 @@ pub const MAX_RANKS: usize = 64;
 
 /// Most elements one aggregation packet carries, and the capacity of one
 /// aggregator slot. 256 `int32` values (1 KiB) fit a 1500-byte MTU with room
-/// to spare and match SwitchML's figure.
+/// to spare and match the figure of `SwitchML`.
 pub const MAX_ELEMS: usize = 256;

@@ -319,10 +319,10 @@ impl Dataplane {
     pub fn detach_all(&mut self) {
         let ports = std::mem::take(&mut self.ports);
         for (index, port) in ports.into_iter().enumerate().rev() {
-            if let Ok(prog) = xdp_mut(&mut self.ebpf, programs::SWITCH) {
-                if let Err(e) = prog.detach(port.link) {
-                    log::warn!("detaching from {}: {e}", port.name);
-                }
+            if let Ok(prog) = xdp_mut(&mut self.ebpf, programs::SWITCH)
+                && let Err(e) = prog.detach(port.link)
+            {
+                log::warn!("detaching from {}: {e}", port.name);
             }
             self.clear_port_slot(u32::try_from(index).expect("at most MAX_PORTS ports"));
         }

@@ -4,11 +4,16 @@
 //! - [`dataplane::Dataplane`]: the loaded programs and maps, with domain verbs.
 //! - [`config`]: the switch/job TOML file, validated whole before anything is
 //!   installed.
+//! - [`switch::start`]: a whole switch from a [`config::Config`].
+//! - [`stats`]: counter tables.
+//! - [`frame`]: whole frames for test runs.
 //! - [`netdev`]: interface lookups in the caller's network namespace.
 
 pub mod config;
 pub mod dataplane;
 pub mod frame;
 pub mod netdev;
+pub mod stats;
+pub mod switch;
 
 pub use dataplane::{Counters, Dataplane, JobSpec, LoadOptions, MemberSpec};

@@ -19,7 +19,6 @@ const XDP_REDIRECT: u32 = 4;
 
 const JOB: u32 = 7;
 const SWITCH_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 254);
-const SWITCH_MAC: [u8; 6] = [0x02, 0x5a, 0, 0, 0, 0xfe];
 
 fn member(rank: u8) -> MemberSpec {
     MemberSpec {
@@ -310,7 +309,8 @@ fn saturating_sum_sets_overflow() {
 #[test]
 fn unknown_job_non_member_and_bad_slot_are_dropped_and_counted() {
     let mut dp = dataplane(2);
-    let cases: [(&str, Box<dyn Fn(&mut Vec<u8>)>); 5] = [
+    type Mutation = Box<dyn Fn(&mut Vec<u8>)>;
+    let cases: [(&str, Mutation); 5] = [
         (
             "drop_unknown_job",
             Box::new(|f| f[frame::XINA + field::JOB.start + 3] = 8),

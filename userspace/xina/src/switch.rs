@@ -1,0 +1,70 @@
+//! Bringing a switch up from a [`Config`]: load, attach every port, install
+//! every job. All or nothing: on error, whatever was attached is detached
+//! again (by dropping the [`Dataplane`]).
+
+use aya::programs::XdpMode;
+
+use crate::{
+    config::{Config, ConfigError, XdpModeName},
+    dataplane::{self, Dataplane, LoadOptions},
+    netdev,
+};
+
+/// Why a switch could not be brought up.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Dataplane(#[from] Box<dataplane::Error>),
+    #[error("port {port}: {source}")]
+    Port {
+        port: String,
+        #[source]
+        source: Box<dataplane::Error>,
+    },
+}
+
+/// Loads the dataplane, attaches it to `config.switch.ports` and installs
+/// `config.jobs`. Must run on a thread inside the switch's network namespace.
+///
+/// # Errors
+/// The first failure; nothing stays attached or installed.
+pub fn start(config: &Config) -> Result<Dataplane, StartError> {
+    let opts = LoadOptions {
+        slot_pool: config.switch.slot_pool,
+        debug: config.switch.debug,
+    };
+    let mut dp = Dataplane::load(opts).map_err(Box::new)?;
+    for port in &config.switch.ports {
+        attach(&mut dp, port, config.switch.xdp_mode).map_err(|source| StartError::Port {
+            port: port.clone(),
+            source: Box::new(source),
+        })?;
+    }
+    let jobs = config.resolve(|name| {
+        let ifindex = dp.ports().iter().find(|p| p.name == name)?.ifindex;
+        Some((ifindex, netdev::mac(name).ok()?))
+    })?;
+    for job in &jobs {
+        dp.install_job(job).map_err(Box::new)?;
+    }
+    Ok(dp)
+}
+
+/// Attaches one port in the configured mode; `auto` tries native XDP first
+/// and falls back to generic XDP when the driver has no native support.
+fn attach(dp: &mut Dataplane, port: &str, mode: XdpModeName) -> Result<(), dataplane::Error> {
+    match mode {
+        XdpModeName::Native => dp.attach(port, XdpMode::Driver).map(drop),
+        XdpModeName::Generic => dp.attach(port, XdpMode::Skb).map(drop),
+        XdpModeName::Auto => match dp.attach(port, XdpMode::Driver) {
+            Ok(_) => Ok(()),
+            Err(dataplane::Error::Attach { source, .. }) => {
+                log::info!("{port}: native XDP refused ({source}); using generic XDP");
+                dp.attach(port, XdpMode::Skb).map(drop)
+            }
+            Err(e) => Err(e),
+        },
+    }
+}
