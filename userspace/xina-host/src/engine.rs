@@ -1,0 +1,1248 @@
+//! The sans-IO allreduce engine.
+//!
+//! [`Allreduce`] is a state machine for one int32 sum-allreduce of one buffer.
+//! It owns no socket and reads no clock: the driver feeds it received datagrams
+//! ([`Allreduce::handle_packet`]) and timer expiries
+//! ([`Allreduce::handle_timeout`]), always with the current time, and asks it
+//! for datagrams to send ([`Allreduce::poll_transmit`]) and for the next
+//! deadline ([`Allreduce::poll_timeout`]). The UDP [`Worker`](crate::Worker)
+//! and the simulated network of [`sim`](crate::sim) drive the same engine.
+//!
+//! # Chunks, slots and the window
+//!
+//! The buffer is cut into chunks of `elems_per_packet` elements (the last one
+//! may be shorter). Chunk `k` of a call whose first chunk number is `first`
+//! has the chunk number `c = first + k` (a `u64` that grows over the worker's
+//! lifetime); it travels with the sequence number `c mod 2^32`, in slot
+//! `c mod W` of the job's `W` slots, in copy `(c / W) mod 2` of that slot.
+//! Until the sequence number wraps this is the switch contract's
+//! `slot = s % W`, `version = (s / W) % 2`; deriving slot and version from the
+//! 64-bit chunk number keeps them continuous across the wrap even when `W`
+//! does not divide 2^32.
+//!
+//! Chunk `c` is sent only once the result of chunk `c - W` has arrived. Sending
+//! `c` resets the slot copy that held `c - 2W`; every rank has that result
+//! already, because every rank contributed to `c - W` and a rank contributes to
+//! `c - W` only after receiving the result of `c - 2W`. The other copy still
+//! holds `c - W`'s result for ranks that lost it and retransmit. So at most `W`
+//! chunks are outstanding.
+//!
+//! # Reliability
+//!
+//! Every sent chunk has a retransmission timeout. Its first value comes from a
+//! [`RttEstimator`] (RFC 6298 smoothing of the time from sending a chunk to
+//! receiving its result, sampled only from chunks sent once, clamped to
+//! `min_rto..=max_rto`; before the first sample, `initial_rto`); each
+//! retransmission of that chunk doubles it, up to `max_rto`. A retransmission
+//! carries [`Flags::RETRANSMIT`]; the switch answers it from the slot's stored
+//! result ([`Flags::FROM_CACHE`]) when the chunk is already complete, or
+//! counts it in when the first copy was lost. When no new result has arrived
+//! for `give_up`, the call fails with [`Error::GaveUp`] listing the outstanding
+//! sequence numbers. A result carrying [`Flags::OVERFLOW`] makes the call fail
+//! with [`Error::Overflow`] once every chunk is complete (the engine keeps
+//! going so that the other ranks, which see the same overflow, are not left
+//! waiting for its contributions).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use xina_proto::header::HEADER_LEN;
+use xina_proto::{DType, Flags, Kind, MAX_ELEMS, MAX_RANKS, Op, Packet, Repr};
+
+use crate::error::{Error, SeqList};
+
+/// The largest window (slots per job) the engine accepts.
+///
+/// It keeps the slot index clear of the header's version bit and keeps `2W`
+/// (the distance between two chunks sharing a slot copy) far below 2^31, the
+/// horizon of the switch's wrapping sequence comparison. A switch with more
+/// slots than this for one job would need over 32 GiB of slot memory.
+pub const MAX_WINDOW: u32 = 1 << 24;
+
+/// The longest datagram the engine writes: a header and [`MAX_ELEMS`] int32s.
+pub const MAX_DATAGRAM_LEN: usize = HEADER_LEN + MAX_ELEMS * 4;
+
+/// One worker's place in a job: everything the engine needs to know about the
+/// job, none of it about addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Member {
+    /// The job (tenant) id installed on the switch.
+    pub job: u32,
+    /// This worker's rank, below `fan_in`.
+    pub rank: u8,
+    /// How many ranks contribute to every chunk (1..=64).
+    pub fan_in: u8,
+    /// Elements per packet, `E` (1..=[`MAX_ELEMS`]); the same on every rank.
+    pub elems_per_packet: u16,
+    /// The job's aggregator slots, `W`: the window (1..=[`MAX_WINDOW`]).
+    pub slots: u32,
+}
+
+impl Member {
+    /// Checks the ranges of every field.
+    ///
+    /// # Errors
+    /// [`Error::InvalidFanIn`], [`Error::RankOutOfRange`],
+    /// [`Error::InvalidElemsPerPacket`] or [`Error::InvalidWindow`].
+    pub fn validate(&self) -> Result<(), Error> {
+        let Self {
+            job,
+            rank,
+            fan_in,
+            elems_per_packet,
+            slots,
+        } = *self;
+        if fan_in == 0 || usize::from(fan_in) > MAX_RANKS {
+            return Err(Error::InvalidFanIn { job, fan_in });
+        }
+        if rank >= fan_in {
+            return Err(Error::RankOutOfRange { job, rank, fan_in });
+        }
+        if elems_per_packet == 0 || usize::from(elems_per_packet) > MAX_ELEMS {
+            return Err(Error::InvalidElemsPerPacket {
+                job,
+                elems_per_packet,
+            });
+        }
+        if slots == 0 || slots > MAX_WINDOW {
+            return Err(Error::InvalidWindow { job, slots });
+        }
+        Ok(())
+    }
+
+    /// The slot index and the slot copy (version bit) of chunk number `chunk`.
+    ///
+    /// # Panics
+    /// If `slots` is 0.
+    pub fn slot_of(&self, chunk: u64) -> (u32, bool) {
+        let w = u64::from(self.slots);
+        let index = u32::try_from(chunk % w).expect("the remainder is below a u32 window");
+        (index, (chunk / w) % 2 == 1)
+    }
+
+    /// The sequence number chunk number `chunk` travels with: its low 32 bits.
+    pub const fn seq_of(chunk: u64) -> u32 {
+        // Truncation is the point: the wire sequence number wraps.
+        chunk as u32
+    }
+}
+
+/// Timing parameters of the reliability engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// The retransmission timeout before any round trip has been measured.
+    pub initial_rto: Duration,
+    /// The floor of a timeout computed from measured round trips.
+    pub min_rto: Duration,
+    /// The ceiling of every timeout, backoff included.
+    pub max_rto: Duration,
+    /// How long to wait for any new result before failing with
+    /// [`Error::GaveUp`].
+    pub give_up: Duration,
+}
+
+impl Default for Config {
+    /// 10 ms initial timeout, 1 ms floor, 500 ms ceiling, give up after 5 s.
+    fn default() -> Self {
+        Self {
+            initial_rto: Duration::from_millis(10),
+            min_rto: Duration::from_millis(1),
+            max_rto: Duration::from_millis(500),
+            give_up: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Config {
+    /// Checks that the timeouts are positive and ordered
+    /// (`0 < min_rto <= initial_rto <= max_rto`, `give_up > 0`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the first violated rule.
+    pub fn validate(&self) -> Result<(), Error> {
+        let problem = if self.min_rto.is_zero() {
+            "min_rto must be positive"
+        } else if self.initial_rto < self.min_rto {
+            "initial_rto must be at least min_rto"
+        } else if self.max_rto < self.initial_rto {
+            "max_rto must be at least initial_rto"
+        } else if self.give_up.is_zero() {
+            "give_up must be positive"
+        } else {
+            return Ok(());
+        };
+        Err(Error::InvalidConfig { problem })
+    }
+}
+
+/// Round-trip estimation in the manner of RFC 6298, over the time from sending
+/// a chunk to receiving its result (which includes waiting for the slowest
+/// rank, exactly what a timeout must not fire before).
+///
+/// A worker keeps one across calls so that every call starts with a measured
+/// timeout.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RttEstimator {
+    smoothed: Option<Duration>,
+    variation: Duration,
+}
+
+impl RttEstimator {
+    /// An estimator without samples.
+    pub const fn new() -> Self {
+        Self {
+            smoothed: None,
+            variation: Duration::ZERO,
+        }
+    }
+
+    /// The smoothed round trip, once there is a sample.
+    pub const fn smoothed(&self) -> Option<Duration> {
+        self.smoothed
+    }
+
+    /// The round-trip variation.
+    pub const fn variation(&self) -> Duration {
+        self.variation
+    }
+
+    /// Adds a round-trip sample.
+    pub fn sample(&mut self, rtt: Duration) {
+        match self.smoothed {
+            None => {
+                self.smoothed = Some(rtt);
+                self.variation = rtt / 2;
+            }
+            Some(smoothed) => {
+                let diff = smoothed.abs_diff(rtt);
+                self.variation = (self.variation.saturating_mul(3).saturating_add(diff)) / 4;
+                self.smoothed = Some((smoothed.saturating_mul(7).saturating_add(rtt)) / 8);
+            }
+        }
+    }
+
+    /// The timeout for a chunk sent now: `initial_rto` without samples, else
+    /// smoothed + 4 × variation clamped to `min_rto..=max_rto`.
+    pub fn rto(&self, config: &Config) -> Duration {
+        match self.smoothed {
+            None => config.initial_rto,
+            Some(smoothed) => smoothed
+                .saturating_add(self.variation.saturating_mul(4))
+                .clamp(config.min_rto, config.max_rto),
+        }
+    }
+}
+
+/// Counters of one collective call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Chunks the buffer was cut into.
+    pub chunks: u64,
+    /// Datagrams written by [`Allreduce::poll_transmit`], retransmissions included.
+    pub packets_sent: u64,
+    /// Bytes of those datagrams (xina header and payload).
+    pub bytes_sent: u64,
+    /// Datagrams given to [`Allreduce::handle_packet`], whatever they were.
+    pub packets_received: u64,
+    /// Bytes of those datagrams.
+    pub bytes_received: u64,
+    /// Chunks sent again after their timeout.
+    pub retransmissions: u64,
+    /// Timer events that found at least one chunk past its timeout.
+    pub timeouts: u64,
+    /// Results accepted that the switch answered from a slot's stored copy
+    /// ([`Flags::FROM_CACHE`]): results recovered after a loss.
+    pub from_cache: u64,
+    /// Results for chunks whose result had already arrived.
+    pub duplicates: u64,
+    /// Datagrams that were not a result this call was waiting for: malformed,
+    /// another job, another kind, a sequence number outside the call, a
+    /// mismatched element count or slot.
+    pub ignored: u64,
+    /// From the creation of the engine to its completion or failure (or to
+    /// the last event, while it runs).
+    pub elapsed: Duration,
+}
+
+/// The state of a chunk that has been sent and is not yet behind the window.
+#[derive(Clone, Copy, Debug)]
+struct Chunk {
+    /// When its latest transmission left.
+    sent_at: Instant,
+    /// The timeout of its latest transmission.
+    rto: Duration,
+    /// When it times out; `None` once queued for retransmission (or done).
+    deadline: Option<Instant>,
+    /// How many times it has been sent.
+    transmissions: u32,
+    /// Whether its result has arrived.
+    done: bool,
+}
+
+/// A retransmission timer; stale entries are skipped when they surface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Timer {
+    at: Instant,
+    chunk: usize,
+    transmission: u32,
+}
+
+/// A sum-allreduce of one int32 buffer, in place.
+///
+/// Create it with the caller's buffer, then loop: send what
+/// [`poll_transmit`](Self::poll_transmit) writes, feed received datagrams to
+/// [`handle_packet`](Self::handle_packet), call
+/// [`handle_timeout`](Self::handle_timeout) once
+/// [`poll_timeout`](Self::poll_timeout) has passed, until
+/// [`is_done`](Self::is_done); then [`take_outcome`](Self::take_outcome).
+/// A running engine always has a deadline (at least the give-up time), so a
+/// driver that honours it never waits forever.
+///
+/// Results are written into the buffer chunk by chunk as they arrive; a chunk's
+/// inputs are never needed again once its result is in. After a failure the
+/// buffer holds a mix of sums and inputs and must not be used as a result.
+#[derive(Debug)]
+pub struct Allreduce<'a> {
+    member: Member,
+    config: Config,
+    rtt: RttEstimator,
+    data: &'a mut [i32],
+    first_chunk: u64,
+    /// Chunks in the call.
+    chunks: usize,
+    /// The lowest chunk whose result has not arrived.
+    base: usize,
+    /// The next chunk to send for the first time.
+    next: usize,
+    /// Chunks `base..next`.
+    window: VecDeque<Chunk>,
+    /// Retransmission timers, earliest first; the top is always live.
+    timers: BinaryHeap<Reverse<Timer>>,
+    /// Chunks whose timeout fired, waiting for `poll_transmit`.
+    retransmit: VecDeque<usize>,
+    started: Instant,
+    last_event: Instant,
+    last_progress: Instant,
+    finished: Option<Instant>,
+    /// The first overflowing chunk and how many chunks overflowed.
+    overflow: Option<(usize, usize)>,
+    failure: Option<Error>,
+    outcome_taken: bool,
+    stats: Stats,
+}
+
+impl<'a> Allreduce<'a> {
+    /// Starts an allreduce of `data` whose first chunk has the chunk number
+    /// `first_chunk` (0 for a worker's first collective, then
+    /// [`next_chunk`](Self::next_chunk) of the previous one; every rank must
+    /// use the same number).
+    ///
+    /// An empty buffer completes at once.
+    ///
+    /// # Errors
+    /// The errors of [`Member::validate`] and [`Config::validate`].
+    pub fn new(
+        member: Member,
+        config: Config,
+        first_chunk: u64,
+        data: &'a mut [i32],
+        now: Instant,
+    ) -> Result<Self, Error> {
+        member.validate()?;
+        config.validate()?;
+        let chunks = data.len().div_ceil(usize::from(member.elems_per_packet));
+        let mut engine = Self {
+            member,
+            config,
+            rtt: RttEstimator::new(),
+            data,
+            first_chunk,
+            chunks,
+            base: 0,
+            next: 0,
+            window: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            retransmit: VecDeque::new(),
+            started: now,
+            last_event: now,
+            last_progress: now,
+            finished: None,
+            overflow: None,
+            failure: None,
+            outcome_taken: false,
+            stats: Stats {
+                chunks: chunks as u64,
+                ..Stats::default()
+            },
+        };
+        if chunks == 0 {
+            engine.finished = Some(now);
+        }
+        Ok(engine)
+    }
+
+    /// Starts from a round-trip estimate carried over from earlier calls.
+    #[must_use]
+    pub fn with_rtt(mut self, rtt: RttEstimator) -> Self {
+        self.rtt = rtt;
+        self
+    }
+
+    /// The member this engine speaks for.
+    pub const fn member(&self) -> &Member {
+        &self.member
+    }
+
+    /// The round-trip estimate, to carry over to the next call.
+    pub const fn rtt(&self) -> &RttEstimator {
+        &self.rtt
+    }
+
+    /// How many chunks the buffer was cut into.
+    pub const fn chunks(&self) -> usize {
+        self.chunks
+    }
+
+    /// The chunk number of this call's first chunk.
+    pub const fn first_chunk(&self) -> u64 {
+        self.first_chunk
+    }
+
+    /// The chunk number the worker's next collective must start at, whether
+    /// this one succeeds or not.
+    pub const fn next_chunk(&self) -> u64 {
+        self.first_chunk.wrapping_add(self.chunks as u64)
+    }
+
+    /// The longest datagram this engine writes; `poll_transmit` needs a buffer
+    /// at least this long.
+    pub fn max_datagram_len(&self) -> usize {
+        HEADER_LEN + 4 * usize::from(self.member.elems_per_packet).min(self.data.len())
+    }
+
+    /// Whether the call has completed or failed.
+    pub const fn is_done(&self) -> bool {
+        self.finished.is_some()
+    }
+
+    /// The failure, if the call has failed.
+    pub const fn error(&self) -> Option<&Error> {
+        self.failure.as_ref()
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> Stats {
+        let end = self.finished.unwrap_or(self.last_event);
+        Stats {
+            elapsed: end.saturating_duration_since(self.started),
+            ..self.stats
+        }
+    }
+
+    /// The outcome, once: `Some` the first time it is called after the call
+    /// completed or failed, `None` before and after.
+    pub fn take_outcome(&mut self) -> Option<Result<Stats, Error>> {
+        if !self.is_done() || self.outcome_taken {
+            return None;
+        }
+        self.outcome_taken = true;
+        Some(match self.failure.take() {
+            Some(error) => Err(error),
+            None => Ok(self.stats()),
+        })
+    }
+
+    /// The next deadline at which [`handle_timeout`](Self::handle_timeout)
+    /// must be called: the earliest retransmission timeout, or the give-up
+    /// time. `None` once done.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.is_done() {
+            return None;
+        }
+        let give_up = self.last_progress + self.config.give_up;
+        Some(
+            self.timers
+                .peek()
+                .map_or(give_up, |Reverse(t)| t.at.min(give_up)),
+        )
+    }
+
+    /// Writes the next datagram to send to the switch into `buf` and returns
+    /// its length; `None` when nothing may be sent now. Retransmissions go
+    /// first, then new chunks as far as the window allows. Call it until it
+    /// returns `None` after every event.
+    ///
+    /// # Panics
+    /// If `buf` is shorter than [`max_datagram_len`](Self::max_datagram_len)
+    /// ([`MAX_DATAGRAM_LEN`] always suffices).
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        self.touch(now);
+        if self.is_done() {
+            return None;
+        }
+        while let Some(k) = self.retransmit.pop_front() {
+            let max_rto = self.config.max_rto;
+            let Some(chunk) = self.chunk_mut(k) else {
+                continue;
+            };
+            if chunk.done || chunk.deadline.is_some() {
+                continue;
+            }
+            chunk.transmissions += 1;
+            chunk.rto = chunk.rto.saturating_mul(2).min(max_rto);
+            chunk.sent_at = now;
+            let at = now + chunk.rto;
+            chunk.deadline = Some(at);
+            let transmission = chunk.transmissions;
+            self.timers.push(Reverse(Timer {
+                at,
+                chunk: k,
+                transmission,
+            }));
+            self.stats.retransmissions += 1;
+            return Some(self.emit(k, true, buf));
+        }
+        if self.next < self.chunks && self.window_open() {
+            let k = self.next;
+            self.next += 1;
+            let rto = self.rtt.rto(&self.config);
+            let at = now + rto;
+            self.window.push_back(Chunk {
+                sent_at: now,
+                rto,
+                deadline: Some(at),
+                transmissions: 1,
+                done: false,
+            });
+            self.timers.push(Reverse(Timer {
+                at,
+                chunk: k,
+                transmission: 1,
+            }));
+            return Some(self.emit(k, false, buf));
+        }
+        None
+    }
+
+    /// Takes a received datagram (the UDP payload: xina header and payload).
+    /// Anything but a result of this job for a chunk this call is waiting for
+    /// is counted and otherwise ignored.
+    pub fn handle_packet(&mut self, now: Instant, datagram: &[u8]) {
+        self.touch(now);
+        self.stats.packets_received += 1;
+        self.stats.bytes_received += datagram.len() as u64;
+
+        let Ok(packet) = Packet::new_checked(datagram) else {
+            self.stats.ignored += 1;
+            return;
+        };
+        let Ok(repr) = Repr::parse(&packet) else {
+            self.stats.ignored += 1;
+            return;
+        };
+        let Member { job, rank, .. } = self.member;
+        if repr.kind != Kind::AggResult
+            || repr.job != job
+            || repr.op != Op::Sum
+            || repr.dtype != DType::I32
+            || repr.bitmap & (1 << rank) == 0
+        {
+            self.stats.ignored += 1;
+            return;
+        }
+
+        let base_seq = Member::seq_of(self.chunk_number(self.base));
+        let ahead = repr.seq.wrapping_sub(base_seq) as usize;
+        if ahead >= self.next - self.base {
+            // Not in flight: a late copy of a result already taken, or junk.
+            let behind = base_seq.wrapping_sub(repr.seq) as usize;
+            if (1..=self.base).contains(&behind) {
+                self.stats.duplicates += 1;
+            } else {
+                self.stats.ignored += 1;
+            }
+            return;
+        }
+        if self.window[ahead].done {
+            self.stats.duplicates += 1;
+            return;
+        }
+        let k = self.base + ahead;
+        let range = self.elements(k);
+        let (slot, version) = self.member.slot_of(self.chunk_number(k));
+        if self.finished.is_some()
+            || usize::from(repr.count) != range.len()
+            || repr.slot != slot
+            || repr.slot_version != version
+        {
+            self.stats.ignored += 1;
+            return;
+        }
+
+        for (dst, src) in self.data[range]
+            .iter_mut()
+            .zip(packet.payload().chunks_exact(4))
+        {
+            let mut raw = [0; 4];
+            raw.copy_from_slice(src);
+            *dst = i32::from_be_bytes(raw);
+        }
+        if repr.flags.contains(Flags::FROM_CACHE) {
+            self.stats.from_cache += 1;
+        }
+        if repr.flags.contains(Flags::OVERFLOW) {
+            self.overflow = Some(match self.overflow {
+                None => (k, 1),
+                Some((first, n)) => (first.min(k), n + 1),
+            });
+        }
+        let chunk = &mut self.window[ahead];
+        chunk.done = true;
+        chunk.deadline = None;
+        if chunk.transmissions == 1 {
+            self.rtt
+                .sample(now.saturating_duration_since(chunk.sent_at));
+        }
+        self.last_progress = now;
+        while self.window.front().is_some_and(|c| c.done) {
+            self.window.pop_front();
+            self.base += 1;
+        }
+        self.prune_timers();
+        if self.base == self.chunks {
+            self.complete(now);
+        }
+    }
+
+    /// Acts on the deadlines that have passed by `now`: queues the chunks past
+    /// their timeout for retransmission, or fails with [`Error::GaveUp`] when
+    /// no result has arrived for `give_up`. Harmless when nothing has expired.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.touch(now);
+        if self.is_done() {
+            return;
+        }
+        let waited = now.saturating_duration_since(self.last_progress);
+        if waited >= self.config.give_up {
+            self.give_up(now, waited);
+            return;
+        }
+        let mut fired = false;
+        while let Some(&Reverse(timer)) = self.timers.peek() {
+            if timer.at > now {
+                break;
+            }
+            self.timers.pop();
+            if self.is_live(&timer) {
+                if let Some(chunk) = self.chunk_mut(timer.chunk) {
+                    chunk.deadline = None;
+                }
+                self.retransmit.push_back(timer.chunk);
+                fired = true;
+            }
+        }
+        self.prune_timers();
+        if fired {
+            self.stats.timeouts += 1;
+        }
+    }
+
+    fn touch(&mut self, now: Instant) {
+        self.last_event = self.last_event.max(now);
+    }
+
+    fn chunk_number(&self, k: usize) -> u64 {
+        self.first_chunk.wrapping_add(k as u64)
+    }
+
+    fn elements(&self, k: usize) -> Range<usize> {
+        let e = usize::from(self.member.elems_per_packet);
+        k * e..((k + 1) * e).min(self.data.len())
+    }
+
+    /// The in-flight chunk `k`, or `None` if it is behind the window.
+    fn chunk_mut(&mut self, k: usize) -> Option<&mut Chunk> {
+        k.checked_sub(self.base)
+            .and_then(|i| self.window.get_mut(i))
+    }
+
+    fn is_chunk_done(&self, k: usize) -> bool {
+        k < self.base || self.window.get(k - self.base).is_some_and(|c| c.done)
+    }
+
+    /// Whether chunk `next` may go: the result of `next - W` is in.
+    fn window_open(&self) -> bool {
+        let w = self.member.slots as usize;
+        self.next < w || self.is_chunk_done(self.next - w)
+    }
+
+    fn is_live(&self, timer: &Timer) -> bool {
+        timer
+            .chunk
+            .checked_sub(self.base)
+            .and_then(|i| self.window.get(i))
+            .is_some_and(|c| {
+                !c.done && c.transmissions == timer.transmission && c.deadline == Some(timer.at)
+            })
+    }
+
+    /// Drops stale timers from the top of the heap.
+    fn prune_timers(&mut self) {
+        while let Some(&Reverse(timer)) = self.timers.peek() {
+            if self.is_live(&timer) {
+                break;
+            }
+            self.timers.pop();
+        }
+    }
+
+    fn emit(&mut self, k: usize, retransmit: bool, buf: &mut [u8]) -> usize {
+        let range = self.elements(k);
+        let len = HEADER_LEN + 4 * range.len();
+        assert!(
+            buf.len() >= len,
+            "transmit buffer of {} bytes, need {len}",
+            buf.len()
+        );
+        let chunk = self.chunk_number(k);
+        let (slot, slot_version) = self.member.slot_of(chunk);
+        let repr = Repr {
+            kind: Kind::AggData,
+            flags: Flags(if retransmit { Flags::RETRANSMIT } else { 0 }),
+            job: self.member.job,
+            rank: self.member.rank,
+            fan_in: self.member.fan_in,
+            op: Op::Sum,
+            dtype: DType::I32,
+            seq: Member::seq_of(chunk),
+            slot,
+            slot_version,
+            count: u16::try_from(range.len()).expect("a chunk holds at most MAX_ELEMS elements"),
+            exponent: 0,
+            bitmap: 1 << self.member.rank,
+        };
+        let mut packet = Packet::new_unchecked(&mut buf[..len]);
+        repr.emit(&mut packet);
+        for (dst, value) in packet
+            .payload_mut()
+            .chunks_exact_mut(4)
+            .zip(&self.data[range])
+        {
+            dst.copy_from_slice(&value.to_be_bytes());
+        }
+        self.stats.packets_sent += 1;
+        self.stats.bytes_sent += len as u64;
+        len
+    }
+
+    fn complete(&mut self, now: Instant) {
+        self.finished = Some(now);
+        if let Some((k, chunks)) = self.overflow {
+            let Member { job, rank, .. } = self.member;
+            let error = Error::Overflow {
+                job,
+                rank,
+                seq: Member::seq_of(self.chunk_number(k)),
+                elements: self.elements(k),
+                chunks,
+            };
+            log::warn!("{error}");
+            self.failure = Some(error);
+        }
+    }
+
+    fn give_up(&mut self, now: Instant, waited: Duration) {
+        let outstanding = SeqList::new(
+            self.window
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| !c.done)
+                .map(|(i, _)| Member::seq_of(self.chunk_number(self.base + i))),
+        );
+        let completed = self.base + self.window.iter().filter(|c| c.done).count();
+        let Member { job, rank, .. } = self.member;
+        let error = Error::GaveUp {
+            job,
+            rank,
+            waited,
+            completed,
+            total: self.chunks,
+            outstanding,
+        };
+        log::warn!("{error}");
+        self.failure = Some(error);
+        self.finished = Some(now);
+        self.retransmit.clear();
+        self.timers.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn member(rank: u8, fan_in: u8, elems_per_packet: u16, slots: u32) -> Member {
+        Member {
+            job: 9,
+            rank,
+            fan_in,
+            elems_per_packet,
+            slots,
+        }
+    }
+
+    fn sent(engine: &mut Allreduce<'_>, now: Instant) -> Option<(Repr, Vec<i32>, Vec<u8>)> {
+        let mut buf = [0; MAX_DATAGRAM_LEN];
+        let len = engine.poll_transmit(now, &mut buf)?;
+        let packet = Packet::new_checked(&buf[..len]).expect("a whole packet");
+        let repr = Repr::parse(&packet).expect("a valid header");
+        assert_eq!(len, repr.buffer_len());
+        let values = (0..usize::from(repr.count))
+            .map(|i| packet.i32_at(i))
+            .collect();
+        Some((repr, values, buf[..len].to_vec()))
+    }
+
+    /// The switch's result for a contribution with header `to`.
+    fn result(to: &Repr, values: &[i32], flags: u8) -> Vec<u8> {
+        let repr = Repr {
+            kind: Kind::AggResult,
+            flags: Flags(flags),
+            count: u16::try_from(values.len()).unwrap(),
+            bitmap: (1 << to.fan_in) - 1,
+            ..*to
+        };
+        let mut buf = vec![0; repr.buffer_len()];
+        let mut packet = Packet::new_unchecked(&mut buf[..]);
+        repr.emit(&mut packet);
+        for (i, v) in values.iter().enumerate() {
+            packet.set_i32_at(i, *v);
+        }
+        buf
+    }
+
+    #[test]
+    fn the_window_holds_back_chunk_c_until_the_result_of_c_minus_w() {
+        let t0 = Instant::now();
+        let mut data: Vec<i32> = (1..=10).collect();
+        let mut engine = Allreduce::new(member(1, 2, 4, 2), Config::default(), 0, &mut data, t0)
+            .expect("valid parameters");
+        assert_eq!(engine.chunks(), 3);
+
+        let (r0, v0, _) = sent(&mut engine, t0).expect("chunk 0");
+        let (r1, v1, _) = sent(&mut engine, t0).expect("chunk 1");
+        assert!(
+            sent(&mut engine, t0).is_none(),
+            "a window of 2 holds 2 chunks"
+        );
+        assert_eq!(
+            (r0.kind, r0.flags, r0.job, r0.rank, r0.fan_in, r0.bitmap),
+            (Kind::AggData, Flags(0), 9, 1, 2, 0b10)
+        );
+        assert_eq!(
+            (r0.seq, r0.slot, r0.slot_version, r0.count),
+            (0, 0, false, 4)
+        );
+        assert_eq!(
+            (r1.seq, r1.slot, r1.slot_version, r1.count),
+            (1, 1, false, 4)
+        );
+        assert_eq!((v0, v1), (vec![1, 2, 3, 4], vec![5, 6, 7, 8]));
+
+        // Chunk 2 reuses slot 0: it needs the result of chunk 0, not chunk 1.
+        engine.handle_packet(t0 + MS, &result(&r1, &[50, 60, 70, 80], 0));
+        assert!(sent(&mut engine, t0 + MS).is_none());
+        engine.handle_packet(t0 + 2 * MS, &result(&r0, &[10, 20, 30, 40], 0));
+        let (r2, v2, _) = sent(&mut engine, t0 + 2 * MS).expect("chunk 2");
+        assert_eq!(
+            (r2.seq, r2.slot, r2.slot_version, r2.count),
+            (2, 0, true, 2)
+        );
+        assert_eq!(v2, [9, 10]);
+        assert!(!engine.is_done());
+
+        engine.handle_packet(t0 + 3 * MS, &result(&r2, &[90, 100], 0));
+        assert!(engine.is_done());
+        assert_eq!(engine.next_chunk(), 3);
+        let stats = engine.take_outcome().expect("done").expect("success");
+        assert!(engine.take_outcome().is_none(), "the outcome is taken once");
+        assert_eq!(
+            (stats.chunks, stats.packets_sent, stats.packets_received),
+            (3, 3, 3)
+        );
+        assert_eq!(stats.bytes_sent, 3 * HEADER_LEN as u64 + 40);
+        assert_eq!(
+            (stats.retransmissions, stats.duplicates, stats.ignored),
+            (0, 0, 0)
+        );
+        assert_eq!(stats.elapsed, 3 * MS);
+        drop(engine);
+        assert_eq!(data, [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]);
+    }
+
+    #[test]
+    fn slot_and_version_follow_the_chunk_number_across_the_seq_wrap() {
+        let m = member(0, 1, 1, 3);
+        assert_eq!(m.slot_of(5), (2, true));
+        assert_eq!(m.slot_of(6), (0, false));
+        let last = u64::from(u32::MAX);
+        // (2^32 - 1) / 3 = 1431655765 (odd), 2^32 / 3 = 1431655765 too.
+        assert_eq!(
+            (Member::seq_of(last), m.slot_of(last)),
+            (u32::MAX, (0, true))
+        );
+        assert_eq!(
+            (Member::seq_of(last + 1), m.slot_of(last + 1)),
+            (0, (1, true))
+        );
+        assert_eq!(
+            (Member::seq_of(last + 2), m.slot_of(last + 2)),
+            (1, (2, true))
+        );
+        assert_eq!(
+            (Member::seq_of(last + 3), m.slot_of(last + 3)),
+            (2, (0, false))
+        );
+
+        let t0 = Instant::now();
+        let mut data = [1, 2, 3];
+        let mut engine = Allreduce::new(m, Config::default(), last, &mut data, t0).unwrap();
+        let seqs: Vec<_> = std::iter::from_fn(|| sent(&mut engine, t0))
+            .map(|(r, _, _)| (r.seq, r.slot, r.slot_version))
+            .collect();
+        assert_eq!(seqs, [(u32::MAX, 0, true), (0, 1, true), (1, 2, true)]);
+        assert_eq!(engine.next_chunk(), last + 3);
+    }
+
+    #[test]
+    fn a_chunk_is_retransmitted_after_its_timeout_with_backoff_up_to_max_rto() {
+        let config = Config {
+            initial_rto: 10 * MS,
+            max_rto: 40 * MS,
+            ..Config::default()
+        };
+        let t0 = Instant::now();
+        let mut data = [7];
+        let mut engine = Allreduce::new(member(0, 2, 8, 4), config, 0, &mut data, t0).unwrap();
+        let (first, _, _) = sent(&mut engine, t0).unwrap();
+        assert_eq!(engine.poll_timeout(), Some(t0 + 10 * MS));
+
+        engine.handle_timeout(t0 + 9 * MS);
+        assert!(sent(&mut engine, t0 + 9 * MS).is_none(), "not yet");
+
+        let mut at = t0 + 10 * MS;
+        for (i, wait) in [20, 40, 40, 40].into_iter().enumerate() {
+            engine.handle_timeout(at);
+            let (again, values, _) = sent(&mut engine, at).expect("a retransmission");
+            assert!(again.flags.contains(Flags::RETRANSMIT));
+            assert_eq!(
+                Repr {
+                    flags: Flags(0),
+                    ..again
+                },
+                first
+            );
+            assert_eq!(values, [7]);
+            assert!(sent(&mut engine, at).is_none());
+            assert_eq!(engine.stats().retransmissions, i as u64 + 1);
+            assert_eq!(engine.stats().timeouts, i as u64 + 1);
+            assert_eq!(engine.poll_timeout(), Some(at + wait * MS));
+            at += wait * MS;
+        }
+
+        // The result of a retransmitted chunk is no round-trip sample (Karn).
+        engine.handle_packet(at, &result(&first, &[8], Flags::FROM_CACHE));
+        assert_eq!(engine.rtt().smoothed(), None);
+        let stats = engine.take_outcome().unwrap().unwrap();
+        assert_eq!((stats.from_cache, stats.packets_sent), (1, 5));
+    }
+
+    #[test]
+    fn the_timeout_comes_from_measured_round_trips() {
+        let config = Config::default();
+        let mut rtt = RttEstimator::new();
+        assert_eq!(rtt.rto(&config), config.initial_rto);
+        rtt.sample(2 * MS);
+        assert_eq!((rtt.smoothed(), rtt.variation()), (Some(2 * MS), MS));
+        assert_eq!(rtt.rto(&config), 6 * MS);
+        for _ in 0..100 {
+            rtt.sample(Duration::from_micros(20));
+        }
+        assert_eq!(rtt.rto(&config), config.min_rto, "floored");
+        rtt.sample(Duration::from_secs(30));
+        assert_eq!(rtt.rto(&config), config.max_rto, "capped");
+
+        let t0 = Instant::now();
+        let mut data = [1, 2];
+        let mut engine = Allreduce::new(member(0, 1, 1, 2), config, 0, &mut data, t0)
+            .unwrap()
+            .with_rtt(RttEstimator::new());
+        let (r0, _, _) = sent(&mut engine, t0).unwrap();
+        engine.handle_packet(t0 + 4 * MS, &result(&r0, &[1], 0));
+        assert_eq!(engine.rtt().smoothed(), Some(4 * MS));
+        let (r1, _, _) = sent(&mut engine, t0 + 4 * MS).unwrap();
+        assert_eq!(engine.poll_timeout(), Some(t0 + 4 * MS + 12 * MS));
+        engine.handle_packet(t0 + 5 * MS, &result(&r1, &[2], 0));
+        assert!(engine.take_outcome().unwrap().is_ok());
+    }
+
+    #[test]
+    fn no_progress_for_give_up_fails_naming_the_outstanding_seqs() {
+        let config = Config {
+            give_up: Duration::from_secs(1),
+            ..Config::default()
+        };
+        let t0 = Instant::now();
+        let mut data = vec![0; 40];
+        let mut engine = Allreduce::new(member(2, 3, 1, 20), config, 100, &mut data, t0).unwrap();
+        let first: Vec<_> = std::iter::from_fn(|| sent(&mut engine, t0)).collect();
+        assert_eq!(first.len(), 20);
+
+        // A result at 900 ms pushes the give-up time to 1.9 s.
+        let progress_at = t0 + 900 * MS;
+        let mut delivered = false;
+        let mut now = t0;
+        for _ in 0..10_000 {
+            let Some(deadline) = engine.poll_timeout() else {
+                break;
+            };
+            assert!(deadline > now, "deadlines move forward");
+            if !delivered && deadline >= progress_at {
+                delivered = true;
+                now = progress_at;
+                engine.handle_packet(now, &result(&first[0].0, &[0], 0));
+                while sent(&mut engine, now).is_some() {}
+                continue;
+            }
+            now = deadline;
+            engine.handle_timeout(now);
+            while sent(&mut engine, now).is_some() {}
+        }
+        assert_eq!(now, t0 + 1900 * MS);
+        let error = engine.take_outcome().expect("done").expect_err("gave up");
+        let Error::GaveUp {
+            job,
+            rank,
+            waited,
+            completed,
+            total,
+            outstanding,
+        } = &error
+        else {
+            panic!("{error}");
+        };
+        assert_eq!(
+            (*job, *rank, *waited, *completed, *total),
+            (9, 2, 1000 * MS, 1, 40)
+        );
+        // Chunk 0 done let chunk 20 (seq 120) go.
+        let mut expected: Vec<u32> = (101..120).collect();
+        expected.push(120);
+        assert_eq!(outstanding.total, 20);
+        assert_eq!(outstanding.first, expected[..SeqList::SHOWN]);
+        assert_eq!(
+            error.to_string(),
+            "job 9, rank 2: no new result for 1s (1 of 40 chunks completed); 20 chunk(s) \
+             outstanding: seq 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, \
+             113, 114, 115, 116 and 4 more"
+        );
+        assert!(engine.poll_timeout().is_none());
+        assert!(
+            sent(&mut engine, now).is_none(),
+            "a failed engine sends nothing"
+        );
+    }
+
+    #[test]
+    fn anything_but_an_awaited_result_is_ignored_and_duplicates_are_counted() {
+        let t0 = Instant::now();
+        let mut data = [1, 2, 3, 4, 5, 6];
+        let mut engine =
+            Allreduce::new(member(0, 2, 4, 1), Config::default(), 0, &mut data, t0).unwrap();
+        let (r0, _, contribution) = sent(&mut engine, t0).unwrap();
+        let good = result(&r0, &[2, 4, 6, 8], 0);
+
+        let mut other_job = good.clone();
+        Packet::new_unchecked(&mut other_job[..]).set_job(10);
+        let mut wrong_slot = good.clone();
+        Packet::new_unchecked(&mut wrong_slot[..]).set_slot(0, true);
+        let mut not_mine = good.clone();
+        Packet::new_unchecked(&mut not_mine[..]).set_bitmap(0b10);
+        let mut bad_magic = good.clone();
+        bad_magic[0] = 0;
+        let rejects = [
+            &[][..],
+            &good[..HEADER_LEN + 3],
+            &bad_magic,
+            &contribution,
+            &other_job,
+            &wrong_slot,
+            &not_mine,
+            &result(&r0, &[2, 4, 6], 0),
+            &result(&Repr { seq: 1, ..r0 }, &[2, 4], 0),
+            &result(
+                &Repr {
+                    seq: u32::MAX,
+                    ..r0
+                },
+                &[2, 4, 6, 8],
+                0,
+            ),
+        ];
+        for datagram in rejects {
+            engine.handle_packet(t0, datagram);
+        }
+        assert_eq!(engine.stats().ignored, rejects.len() as u64);
+        assert!(sent(&mut engine, t0).is_none(), "nothing was accepted");
+
+        engine.handle_packet(t0 + MS, &good);
+        engine.handle_packet(t0 + MS, &good);
+        assert_eq!(engine.stats().duplicates, 1);
+        let (r1, _, _) = sent(&mut engine, t0 + MS).unwrap();
+        engine.handle_packet(t0 + 2 * MS, &result(&r1, &[10, 12], 0));
+        engine.handle_packet(t0 + 2 * MS, &good);
+        let stats = engine.take_outcome().unwrap().unwrap();
+        assert_eq!(
+            (stats.duplicates, stats.ignored, stats.packets_received),
+            (2, 10, 14)
+        );
+        drop(engine);
+        assert_eq!(data, [2, 4, 6, 8, 10, 12]);
+    }
+
+    #[test]
+    fn an_overflowed_result_fails_the_call_once_every_chunk_is_in() {
+        let t0 = Instant::now();
+        let mut data = vec![0; 10];
+        let mut engine =
+            Allreduce::new(member(0, 2, 4, 4), Config::default(), 7, &mut data, t0).unwrap();
+        let sent: Vec<_> = std::iter::from_fn(|| sent(&mut engine, t0)).collect();
+        assert_eq!(sent.len(), 3);
+        engine.handle_packet(t0, &result(&sent[2].0, &[i32::MAX, 0], Flags::OVERFLOW));
+        engine.handle_packet(
+            t0,
+            &result(&sent[1].0, &[0, i32::MIN, 0, 0], Flags::OVERFLOW),
+        );
+        assert!(!engine.is_done(), "chunk 0 is still awaited");
+        engine.handle_packet(t0, &result(&sent[0].0, &[0; 4], 0));
+        let error = engine.take_outcome().unwrap().expect_err("overflow");
+        let Error::Overflow {
+            job,
+            rank,
+            seq,
+            elements,
+            chunks,
+        } = &error
+        else {
+            panic!("{error}");
+        };
+        assert_eq!(
+            (*job, *rank, *seq, elements.clone(), *chunks),
+            (9, 0, 8, 4..8, 2)
+        );
+        assert_eq!(
+            error.to_string(),
+            "job 9, rank 0: int32 sum overflowed in chunk seq 8 (elements 4..8); \
+             2 chunk(s) overflowed in this call"
+        );
+    }
+
+    #[test]
+    fn an_empty_buffer_completes_at_once() {
+        let t0 = Instant::now();
+        let mut engine =
+            Allreduce::new(member(0, 4, 256, 8), Config::default(), 42, &mut [], t0).unwrap();
+        assert!(engine.is_done());
+        assert!(engine.poll_timeout().is_none());
+        assert!(sent(&mut engine, t0).is_none());
+        assert_eq!(engine.next_chunk(), 42);
+        let stats = engine.take_outcome().unwrap().unwrap();
+        assert_eq!(stats, Stats::default());
+    }
+
+    #[test]
+    fn invalid_parameters_are_rejected_with_specific_errors() {
+        let ok = member(0, 2, 4, 4);
+        let cases = [
+            (
+                Member { fan_in: 0, ..ok },
+                "job 9: fan-in 0 is out of range 1..=64",
+            ),
+            (
+                Member { fan_in: 65, ..ok },
+                "job 9: fan-in 65 is out of range 1..=64",
+            ),
+            (
+                Member { rank: 2, ..ok },
+                "job 9: rank 2 is not a member (fan-in 2, ranks 0..2)",
+            ),
+            (
+                Member {
+                    elems_per_packet: 0,
+                    ..ok
+                },
+                "job 9: 0 elements per packet is out of range 1..=256",
+            ),
+            (
+                Member {
+                    elems_per_packet: 257,
+                    ..ok
+                },
+                "job 9: 257 elements per packet is out of range 1..=256",
+            ),
+            (
+                Member { slots: 0, ..ok },
+                "job 9: a window of 0 slots is out of range 1..=16777216",
+            ),
+            (
+                Member {
+                    slots: MAX_WINDOW + 1,
+                    ..ok
+                },
+                "job 9: a window of 16777217 slots is out of range 1..=16777216",
+            ),
+        ];
+        for (m, message) in cases {
+            let error = Allreduce::new(m, Config::default(), 0, &mut [1], Instant::now())
+                .expect_err("invalid");
+            assert_eq!(error.to_string(), message);
+        }
+        assert!(
+            Member {
+                fan_in: 64,
+                rank: 63,
+                elems_per_packet: 256,
+                ..ok
+            }
+            .validate()
+            .is_ok()
+        );
+
+        let bad_configs = [
+            Config {
+                min_rto: Duration::ZERO,
+                ..Config::default()
+            },
+            Config {
+                initial_rto: Duration::from_micros(10),
+                ..Config::default()
+            },
+            Config {
+                max_rto: MS,
+                ..Config::default()
+            },
+            Config {
+                give_up: Duration::ZERO,
+                ..Config::default()
+            },
+        ];
+        for config in bad_configs {
+            let error = Allreduce::new(ok, config, 0, &mut [1], Instant::now()).unwrap_err();
+            assert!(matches!(error, Error::InvalidConfig { .. }), "{error}");
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! The errors of the worker library.
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddrV4;
+use std::ops::Range;
+use std::time::Duration;
+
+use crate::engine::MAX_WINDOW;
+
+/// Why a collective could not be started or did not complete.
+///
+/// A collective that fails never yields a result: the caller gets one of these
+/// instead, and the contents of its buffer are unspecified (chunks whose
+/// results arrived hold sums, the others still hold the inputs).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The fan-in is outside `1..=64` (the width of the rank bitmap).
+    #[error("job {job}: fan-in {fan_in} is out of range 1..=64")]
+    InvalidFanIn { job: u32, fan_in: u8 },
+
+    /// The rank is not below the fan-in.
+    #[error("job {job}: rank {rank} is not a member (fan-in {fan_in}, ranks 0..{fan_in})")]
+    RankOutOfRange { job: u32, rank: u8, fan_in: u8 },
+
+    /// The elements per packet are outside `1..=MAX_ELEMS`.
+    #[error(
+        "job {job}: {elems_per_packet} elements per packet is out of range 1..={}",
+        xina_proto::MAX_ELEMS
+    )]
+    InvalidElemsPerPacket { job: u32, elems_per_packet: u16 },
+
+    /// The window (the job's number of aggregator slots) is outside
+    /// `1..=MAX_WINDOW`.
+    #[error("job {job}: a window of {slots} slots is out of range 1..={MAX_WINDOW}")]
+    InvalidWindow { job: u32, slots: u32 },
+
+    /// A [`Config`](crate::Config) value is unusable.
+    #[error("invalid xina-host config: {problem}")]
+    InvalidConfig { problem: &'static str },
+
+    /// No new result arrived for the configured give-up time: a peer is gone,
+    /// the switch is unreachable, or the job is not installed on it.
+    #[error(
+        "job {job}, rank {rank}: no new result for {waited:?} \
+         ({completed} of {total} chunks completed); {outstanding}"
+    )]
+    GaveUp {
+        job: u32,
+        rank: u8,
+        /// How long the engine waited without progress.
+        waited: Duration,
+        /// Chunks of this call whose results had arrived.
+        completed: usize,
+        /// Chunks of this call.
+        total: usize,
+        /// The sequence numbers sent but still without a result.
+        outstanding: SeqList,
+    },
+
+    /// An int32 sum saturated in the switch: the result would be wrong, so
+    /// none is returned. Every rank sees the same overflow.
+    #[error(
+        "job {job}, rank {rank}: int32 sum overflowed in chunk seq {seq} \
+         (elements {}..{}); {chunks} chunk(s) overflowed in this call",
+        elements.start,
+        elements.end
+    )]
+    Overflow {
+        job: u32,
+        rank: u8,
+        /// The first chunk whose result carried the overflow flag.
+        seq: u32,
+        /// The buffer elements that chunk covers.
+        elements: Range<usize>,
+        /// How many chunks of the call overflowed.
+        chunks: usize,
+    },
+
+    /// The worker's socket could not be bound.
+    #[error("cannot bind the xina worker socket to {addr}")]
+    Bind {
+        addr: SocketAddrV4,
+        #[source]
+        source: io::Error,
+    },
+
+    /// A socket operation failed.
+    #[error("job {job}, rank {rank}: {action} failed")]
+    Io {
+        job: u32,
+        rank: u8,
+        /// What the worker was doing (`"send to the switch"`, ...).
+        action: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A list of sequence numbers, truncated to its first [`SeqList::SHOWN`]
+/// entries for display.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SeqList {
+    /// The first sequence numbers, in sending order (at most [`SeqList::SHOWN`]).
+    pub first: Vec<u32>,
+    /// How many there are in total.
+    pub total: usize,
+}
+
+impl SeqList {
+    /// How many sequence numbers an error names.
+    pub const SHOWN: usize = 16;
+
+    /// Keeps the first [`SeqList::SHOWN`] of `seqs` and counts them all.
+    pub fn new(seqs: impl IntoIterator<Item = u32>) -> Self {
+        let mut list = Self::default();
+        for seq in seqs {
+            if list.first.len() < Self::SHOWN {
+                list.first.push(seq);
+            }
+            list.total += 1;
+        }
+        list
+    }
+}
+
+impl fmt::Display for SeqList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.total == 0 {
+            return f.write_str("no chunk outstanding");
+        }
+        write!(f, "{} chunk(s) outstanding: seq ", self.total)?;
+        for (i, seq) in self.first.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{seq}")?;
+        }
+        let hidden = self.total - self.first.len();
+        if hidden > 0 {
+            write!(f, " and {hidden} more")?;
+        }
+        Ok(())
+    }
+}

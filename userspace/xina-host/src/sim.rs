@@ -1,0 +1,825 @@
+//! A simulated switch and a deterministic lossy network, to run the engine
+//! without sockets.
+//!
+//! - [`SwitchModel`]: the switch's aggregation semantics in plain Rust, the
+//!   reference the XDP dataplane must agree with. It takes a contribution and
+//!   returns at most one reply (a result for every member, or a cached result
+//!   for the sender).
+//! - [`Network`]: datagrams in flight between [`Endpoint`]s with seeded loss,
+//!   duplication and reordering ([`LinkConfig`]), in simulated time.
+//! - [`Cluster`]: `fan_in` [`Allreduce`] engines, the switch model and the
+//!   network in one discrete-event loop, with dead ranks and start skew; it
+//!   keeps the switch state and every rank's chunk numbers across calls.
+//! - [`SplitMix64`]: the tiny pseudo-random generator behind it all, so a seed
+//!   reproduces a run exactly.
+//!
+//! ```
+//! use xina_host::sim::{Cluster, ClusterConfig, LinkConfig};
+//!
+//! let mut config = ClusterConfig::new(3, 4, 2);
+//! config.link = LinkConfig::lossy(0.05, 0.01, 0.1);
+//! let mut cluster = Cluster::new(config);
+//! let mut inputs = vec![vec![1, 2, 3, 4, 5]; 3];
+//! let round = cluster.allreduce(&mut inputs).expect("the run terminates");
+//! assert!(round.outcomes.iter().all(|o| matches!(o, Some(Ok(_)))));
+//! assert_eq!(inputs[0], [3, 6, 9, 12, 15]);
+//! ```
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::time::{Duration, Instant};
+
+use xina_proto::header::HEADER_LEN;
+use xina_proto::{DType, Flags, Kind, MAX_RANKS, Op, Packet, Repr};
+
+use crate::engine::{Allreduce, Config, MAX_DATAGRAM_LEN, Member, RttEstimator, Stats};
+use crate::error::Error;
+
+/// `SplitMix64`: a small, fast, seedable pseudo-random generator (not for
+/// cryptography).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitMix64 {
+    state: u64,
+}
+
+impl SplitMix64 {
+    /// A generator whose sequence is fixed by `seed`.
+    pub const fn new(seed: u64) -> Self {
+        Self { state: seed }
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A uniform value in `[0, 1)`.
+    pub fn next_f64(&mut self) -> f64 {
+        // 53 random bits: every value is exact in an f64.
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// `true` with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && self.next_f64() < p
+    }
+
+    /// A value in `0..=max` (nearly uniform; the bias is below 2^-32 for the
+    /// ranges a simulation uses).
+    pub fn up_to(&mut self, max: u64) -> u64 {
+        match max.checked_add(1) {
+            Some(n) => self.next_u64() % n,
+            None => self.next_u64(),
+        }
+    }
+
+    /// A duration in `0..=max`, to the nanosecond.
+    pub fn duration_up_to(&mut self, max: Duration) -> Duration {
+        let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
+        Duration::from_nanos(self.up_to(nanos))
+    }
+}
+
+/// Where a [`SwitchModel`] reply goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Destination {
+    /// Every member of the job (a chunk just completed).
+    AllMembers,
+    /// One rank (a retransmission answered from the slot's stored result).
+    Rank(u8),
+}
+
+/// A datagram the switch sends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    /// Who receives it.
+    pub to: Destination,
+    /// The UDP payload: xina header and payload.
+    pub datagram: Vec<u8>,
+}
+
+/// What the [`SwitchModel`] did with the datagrams it was given.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SwitchStats {
+    /// Contributions that started a slot copy (first of a chunk).
+    pub initialised: u64,
+    /// Contributions added to a slot copy.
+    pub combined: u64,
+    /// Chunks completed (results sent to all members).
+    pub completed: u64,
+    /// Results sent from a slot's stored copy to one rank.
+    pub from_cache: u64,
+    /// Contributions from a rank already counted in an incomplete chunk.
+    pub duplicates: u64,
+    /// Contributions older than the slot copy's chunk.
+    pub stale: u64,
+    /// Contributions whose element count differs from the slot copy's.
+    pub wrong_count: u64,
+    /// Datagrams that are not xina packets.
+    pub malformed: u64,
+    /// xina packets refused: not aggregation data, an unknown job, a rank that
+    /// is not a member, a fan-in that is not the job's, a slot outside the
+    /// job's range, an op or element type the model does not implement.
+    pub rejected: u64,
+}
+
+#[derive(Clone, Debug)]
+struct SlotCopy {
+    seq: u32,
+    bitmap: u64,
+    overflow: bool,
+    values: Vec<i32>,
+}
+
+#[derive(Clone, Debug)]
+struct JobState {
+    fan_in: u8,
+    slots: u32,
+    /// Slot copies by (slot index, version bit), created on first use.
+    copies: HashMap<(u32, bool), SlotCopy>,
+}
+
+impl JobState {
+    fn all_ranks(&self) -> u64 {
+        if usize::from(self.fan_in) == MAX_RANKS {
+            u64::MAX
+        } else {
+            (1 << self.fan_in) - 1
+        }
+    }
+}
+
+/// The switch's aggregation semantics for int32 sums.
+///
+/// For a contribution with sequence number `s` to copy `version` of slot
+/// `slot` (both taken from the header, which the worker derives from `s`):
+///
+/// | copy state                                  | action                                       |
+/// |---------------------------------------------|----------------------------------------------|
+/// | empty, or holds an older `seq` (wrapping)   | reset, initialise with this contribution     |
+/// | `seq == s`, element count differs           | drop (`wrong_count`)                         |
+/// | `seq == s`, rank not yet counted            | saturating add; if all ranks: result to all  |
+/// | `seq == s`, rank counted, chunk complete    | stored result to the sender, `FROM_CACHE`    |
+/// | `seq == s`, rank counted, incomplete        | drop (`duplicates`)                          |
+/// | holds a newer `seq`                         | drop (`stale`)                               |
+///
+/// "Older" is the wrapping comparison `(s - seq) as i32 > 0`. A result carries
+/// [`Flags::OVERFLOW`] if any element saturated, and the bitmap of the ranks
+/// that contributed. A job with `fan_in` 1 completes on every first
+/// contribution.
+#[derive(Clone, Debug, Default)]
+pub struct SwitchModel {
+    jobs: HashMap<u32, JobState>,
+    stats: SwitchStats,
+}
+
+impl SwitchModel {
+    /// A switch without jobs.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Installs (or replaces, with empty slots) a job.
+    ///
+    /// # Panics
+    /// If `fan_in` is not in `1..=64` or `slots` is 0.
+    pub fn add_job(&mut self, job: u32, fan_in: u8, slots: u32) {
+        assert!(
+            (1..=MAX_RANKS).contains(&usize::from(fan_in)),
+            "fan-in {fan_in}"
+        );
+        assert!(slots > 0, "a job needs slots");
+        self.jobs.insert(
+            job,
+            JobState {
+                fan_in,
+                slots,
+                copies: HashMap::new(),
+            },
+        );
+    }
+
+    /// What the switch has done so far.
+    pub const fn stats(&self) -> &SwitchStats {
+        &self.stats
+    }
+
+    /// Processes one datagram sent to the switch and returns the datagram the
+    /// switch sends in answer, if any.
+    pub fn handle(&mut self, datagram: &[u8]) -> Option<Reply> {
+        let Some((repr, packet)) = Packet::new_checked(datagram)
+            .ok()
+            .and_then(|p| Some((Repr::parse(&p).ok()?, p)))
+        else {
+            self.stats.malformed += 1;
+            return None;
+        };
+        let stats = &mut self.stats;
+        let Some(job) = self.jobs.get_mut(&repr.job) else {
+            stats.rejected += 1;
+            return None;
+        };
+        if repr.kind != Kind::AggData
+            || repr.fan_in != job.fan_in
+            || repr.rank >= job.fan_in
+            || repr.slot >= job.slots
+            || repr.op != Op::Sum
+            || repr.dtype != DType::I32
+        {
+            stats.rejected += 1;
+            return None;
+        }
+        let all = job.all_ranks();
+        let bit = 1u64 << repr.rank;
+        let values = packet.payload().chunks_exact(4).map(|b| {
+            let mut raw = [0; 4];
+            raw.copy_from_slice(b);
+            i32::from_be_bytes(raw)
+        });
+        let copy = job.copies.entry((repr.slot, repr.slot_version));
+        let copy = match copy {
+            std::collections::hash_map::Entry::Vacant(vacant) => {
+                stats.initialised += 1;
+                vacant.insert(SlotCopy {
+                    seq: repr.seq,
+                    bitmap: bit,
+                    overflow: false,
+                    values: values.collect(),
+                })
+            }
+            std::collections::hash_map::Entry::Occupied(occupied) => {
+                let copy = occupied.into_mut();
+                let age = repr.seq.wrapping_sub(copy.seq).cast_signed();
+                if age > 0 {
+                    stats.initialised += 1;
+                    *copy = SlotCopy {
+                        seq: repr.seq,
+                        bitmap: bit,
+                        overflow: false,
+                        values: values.collect(),
+                    };
+                } else if age < 0 {
+                    stats.stale += 1;
+                    return None;
+                } else if copy.values.len() != usize::from(repr.count) {
+                    stats.wrong_count += 1;
+                    return None;
+                } else if copy.bitmap & bit != 0 {
+                    if copy.bitmap == all {
+                        stats.from_cache += 1;
+                        return Some(Reply {
+                            to: Destination::Rank(repr.rank),
+                            datagram: result(&repr, copy, job.fan_in, true),
+                        });
+                    }
+                    stats.duplicates += 1;
+                    return None;
+                } else {
+                    stats.combined += 1;
+                    for (sum, value) in copy.values.iter_mut().zip(values) {
+                        let (wrapped, overflowed) = sum.overflowing_add(value);
+                        *sum = if overflowed {
+                            sum.saturating_add(value)
+                        } else {
+                            wrapped
+                        };
+                        copy.overflow |= overflowed;
+                    }
+                    copy.bitmap |= bit;
+                }
+                copy
+            }
+        };
+        if copy.bitmap == all {
+            stats.completed += 1;
+            return Some(Reply {
+                to: Destination::AllMembers,
+                datagram: result(&repr, copy, job.fan_in, false),
+            });
+        }
+        None
+    }
+}
+
+/// The result datagram of a complete slot copy, answering contribution `to`.
+fn result(to: &Repr, copy: &SlotCopy, fan_in: u8, from_cache: bool) -> Vec<u8> {
+    let mut flags = 0;
+    if copy.overflow {
+        flags |= Flags::OVERFLOW;
+    }
+    if from_cache {
+        flags |= Flags::FROM_CACHE;
+    }
+    let repr = Repr {
+        kind: Kind::AggResult,
+        flags: Flags(flags),
+        fan_in,
+        bitmap: copy.bitmap,
+        seq: copy.seq,
+        exponent: 0,
+        ..*to
+    };
+    let mut buf = vec![0; HEADER_LEN + 4 * copy.values.len()];
+    let mut packet = Packet::new_unchecked(&mut buf[..]);
+    repr.emit(&mut packet);
+    for (dst, value) in packet.payload_mut().chunks_exact_mut(4).zip(&copy.values) {
+        dst.copy_from_slice(&value.to_be_bytes());
+    }
+    buf
+}
+
+/// The faults of the simulated network, applied to every datagram
+/// independently.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkConfig {
+    /// Probability that a datagram is lost.
+    pub loss: f64,
+    /// Probability that a delivered datagram is delivered twice.
+    pub duplicate: f64,
+    /// Probability that a datagram is held back by up to `reorder_delay`,
+    /// letting later ones overtake it.
+    pub reorder: f64,
+    /// One-way delay of every datagram.
+    pub latency: Duration,
+    /// The most extra delay of a reordered (or duplicated) datagram.
+    pub reorder_delay: Duration,
+}
+
+impl LinkConfig {
+    /// No loss, duplication or reordering; 10 µs one way.
+    pub const fn perfect() -> Self {
+        Self {
+            loss: 0.0,
+            duplicate: 0.0,
+            reorder: 0.0,
+            latency: Duration::from_micros(10),
+            reorder_delay: Duration::from_micros(500),
+        }
+    }
+
+    /// The given fault probabilities with the latencies of
+    /// [`perfect`](Self::perfect).
+    pub const fn lossy(loss: f64, duplicate: f64, reorder: f64) -> Self {
+        Self {
+            loss,
+            duplicate,
+            reorder,
+            ..Self::perfect()
+        }
+    }
+}
+
+impl Default for LinkConfig {
+    fn default() -> Self {
+        Self::perfect()
+    }
+}
+
+/// A network endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Endpoint {
+    /// The switch.
+    Switch,
+    /// The worker of this rank.
+    Rank(u8),
+}
+
+/// What the [`Network`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetStats {
+    /// Datagrams given to [`Network::send`].
+    pub sent: u64,
+    /// Datagrams dropped.
+    pub lost: u64,
+    /// Extra copies made.
+    pub duplicated: u64,
+    /// Datagrams held back to be reordered.
+    pub reordered: u64,
+    /// Datagrams handed out by [`Network::pop_arrived`].
+    pub delivered: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct InFlight {
+    at: Instant,
+    /// Send order, to break ties deterministically.
+    order: u64,
+    to: Endpoint,
+    datagram: Vec<u8>,
+}
+
+/// Datagrams in flight in simulated time, with seeded faults.
+#[derive(Clone, Debug)]
+pub struct Network {
+    link: LinkConfig,
+    rng: SplitMix64,
+    in_flight: BinaryHeap<Reverse<InFlight>>,
+    order: u64,
+    stats: NetStats,
+}
+
+impl Network {
+    /// An empty network whose faults are fixed by `seed`.
+    pub fn new(link: LinkConfig, seed: u64) -> Self {
+        Self {
+            link,
+            rng: SplitMix64::new(seed),
+            in_flight: BinaryHeap::new(),
+            order: 0,
+            stats: NetStats::default(),
+        }
+    }
+
+    /// What the network has done so far.
+    pub const fn stats(&self) -> &NetStats {
+        &self.stats
+    }
+
+    /// Sends `datagram` to `to` at time `now`: it is lost, or arrives after
+    /// the latency (plus a random extra delay if reordered), maybe twice.
+    pub fn send(&mut self, now: Instant, to: Endpoint, datagram: Vec<u8>) {
+        self.stats.sent += 1;
+        if self.rng.chance(self.link.loss) {
+            self.stats.lost += 1;
+            return;
+        }
+        if self.rng.chance(self.link.duplicate) {
+            self.stats.duplicated += 1;
+            let at = now + self.link.latency + self.rng.duration_up_to(self.link.reorder_delay);
+            self.push(at, to, datagram.clone());
+        }
+        let mut at = now + self.link.latency;
+        if self.rng.chance(self.link.reorder) {
+            self.stats.reordered += 1;
+            at += self.rng.duration_up_to(self.link.reorder_delay);
+        }
+        self.push(at, to, datagram);
+    }
+
+    fn push(&mut self, at: Instant, to: Endpoint, datagram: Vec<u8>) {
+        self.order += 1;
+        self.in_flight.push(Reverse(InFlight {
+            at,
+            order: self.order,
+            to,
+            datagram,
+        }));
+    }
+
+    /// When the next datagram arrives, if any is in flight.
+    pub fn next_arrival(&self) -> Option<Instant> {
+        self.in_flight.peek().map(|Reverse(f)| f.at)
+    }
+
+    /// Datagrams in flight.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// The next datagram that has arrived by `now`, earliest first.
+    pub fn pop_arrived(&mut self, now: Instant) -> Option<(Endpoint, Vec<u8>)> {
+        if self.next_arrival()? > now {
+            return None;
+        }
+        let Reverse(f) = self.in_flight.pop()?;
+        self.stats.delivered += 1;
+        Some((f.to, f.datagram))
+    }
+}
+
+/// The setup of a [`Cluster`].
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Job id.
+    pub job: u32,
+    /// Ranks.
+    pub fan_in: u8,
+    /// Elements per packet.
+    pub elems_per_packet: u16,
+    /// Slots (the window).
+    pub slots: u32,
+    /// The engines' timing.
+    pub engine: Config,
+    /// The faults of every datagram, both directions.
+    pub link: LinkConfig,
+    /// Seed of the network's faults and the start skew.
+    pub seed: u64,
+    /// Bitmap of ranks that never take part (dead peers).
+    pub dead: u64,
+    /// Each rank starts each call at a random offset in `0..=start_skew`.
+    pub start_skew: Duration,
+    /// Simulated time one call may take before [`Cluster::allreduce`] reports
+    /// [`Stalled`].
+    pub time_limit: Duration,
+    /// Loop iterations and events one call may take before it reports
+    /// [`Stalled`].
+    pub max_events: u64,
+}
+
+impl ClusterConfig {
+    /// A perfect network, default engine config, no dead ranks, no skew, a
+    /// 10-minute simulated time limit.
+    pub fn new(fan_in: u8, elems_per_packet: u16, slots: u32) -> Self {
+        Self {
+            job: 1,
+            fan_in,
+            elems_per_packet,
+            slots,
+            engine: Config::default(),
+            link: LinkConfig::perfect(),
+            seed: 0,
+            dead: 0,
+            start_skew: Duration::ZERO,
+            time_limit: Duration::from_secs(600),
+            max_events: 20_000_000,
+        }
+    }
+
+    /// The member description of `rank`.
+    pub const fn member(&self, rank: u8) -> Member {
+        Member {
+            job: self.job,
+            rank,
+            fan_in: self.fan_in,
+            elems_per_packet: self.elems_per_packet,
+            slots: self.slots,
+        }
+    }
+}
+
+/// One collective call of a [`Cluster`].
+#[derive(Debug)]
+pub struct Round {
+    /// Each rank's outcome; `None` for dead ranks.
+    pub outcomes: Vec<Option<Result<Stats, Error>>>,
+    /// Simulated time from the start of the call to the last outcome.
+    pub duration: Duration,
+}
+
+/// A simulated call that did not end within its limits: the engines or the
+/// harness would have hung.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "simulation stalled ({reason}) after {elapsed:?} of simulated time and {events} events; \
+     ranks without an outcome: {pending:?}"
+)]
+pub struct Stalled {
+    /// Why the loop stopped.
+    pub reason: &'static str,
+    /// Simulated time since the start of the call.
+    pub elapsed: Duration,
+    /// Events processed.
+    pub events: u64,
+    /// Live ranks that had no outcome.
+    pub pending: Vec<u8>,
+}
+
+/// `fan_in` engines, a [`SwitchModel`] and a [`Network`], run together in
+/// simulated time.
+///
+/// The switch state, the datagrams still in flight, the clock and every rank's
+/// chunk number and round-trip estimate persist from one call to the next, as
+/// they would on real hosts.
+#[derive(Debug)]
+pub struct Cluster {
+    config: ClusterConfig,
+    switch: SwitchModel,
+    net: Network,
+    rng: SplitMix64,
+    origin: Instant,
+    now: Instant,
+    next_chunk: Vec<u64>,
+    rtt: Vec<RttEstimator>,
+}
+
+impl Cluster {
+    /// A cluster at simulated time zero, with the job installed on the switch.
+    ///
+    /// # Panics
+    /// If the member parameters or the engine config are invalid.
+    pub fn new(config: ClusterConfig) -> Self {
+        config
+            .member(0)
+            .validate()
+            .expect("valid cluster parameters");
+        config.engine.validate().expect("valid engine config");
+        let mut switch = SwitchModel::new();
+        switch.add_job(config.job, config.fan_in, config.slots);
+        let ranks = usize::from(config.fan_in);
+        let origin = Instant::now();
+        Self {
+            net: Network::new(config.link, config.seed),
+            rng: SplitMix64::new(config.seed ^ 0x5eed_5eed_5eed_5eed),
+            switch,
+            origin,
+            now: origin,
+            next_chunk: vec![0; ranks],
+            rtt: vec![RttEstimator::new(); ranks],
+            config,
+        }
+    }
+
+    /// The simulated time since the cluster was created.
+    pub fn elapsed(&self) -> Duration {
+        self.now - self.origin
+    }
+
+    /// The switch model.
+    pub const fn switch(&self) -> &SwitchModel {
+        &self.switch
+    }
+
+    /// The network.
+    pub const fn network(&self) -> &Network {
+        &self.net
+    }
+
+    /// The chunk number `rank`'s next call starts at.
+    pub fn next_chunk(&self, rank: u8) -> u64 {
+        self.next_chunk[usize::from(rank)]
+    }
+
+    /// Sets the chunk number `rank`'s next call starts at (to start near the
+    /// sequence wrap, or to break continuity on purpose).
+    pub fn set_next_chunk(&mut self, rank: u8, chunk: u64) {
+        self.next_chunk[usize::from(rank)] = chunk;
+    }
+
+    /// Sets the bitmap of dead ranks for the next calls (a rank that dies
+    /// between calls).
+    pub fn set_dead(&mut self, dead: u64) {
+        self.config.dead = dead;
+    }
+
+    /// Runs one sum-allreduce: `inputs[r]` is rank `r`'s buffer and receives
+    /// its result (dead ranks' buffers are left alone). Returns when every
+    /// live rank has an outcome.
+    ///
+    /// # Errors
+    /// [`Stalled`] if the call exceeds the time or event limit, or if nothing
+    /// is left to happen while a rank has no outcome.
+    ///
+    /// # Panics
+    /// If `inputs` does not have one buffer per rank.
+    pub fn allreduce(&mut self, inputs: &mut [Vec<i32>]) -> Result<Round, Stalled> {
+        let ranks = usize::from(self.config.fan_in);
+        assert_eq!(inputs.len(), ranks, "one buffer per rank");
+        let start = self.now;
+        let limit = start + self.config.time_limit;
+        let live: Vec<bool> = (0..ranks)
+            .map(|r| self.config.dead & (1 << r) == 0)
+            .collect();
+        let start_at: Vec<Instant> = (0..ranks)
+            .map(|_| start + self.rng.duration_up_to(self.config.start_skew))
+            .collect();
+        let mut data: Vec<Option<&mut [i32]>> =
+            inputs.iter_mut().map(|v| Some(v.as_mut_slice())).collect();
+        let mut engines: Vec<Option<Allreduce<'_>>> = (0..ranks).map(|_| None).collect();
+        let mut outcomes: Vec<Option<Result<Stats, Error>>> = (0..ranks).map(|_| None).collect();
+        let mut buf = vec![0; MAX_DATAGRAM_LEN];
+        let mut events = 0u64;
+
+        loop {
+            events += 1;
+            let now = self.now;
+            let stalled = |reason, events, outcomes: &[Option<_>]| Stalled {
+                reason,
+                elapsed: now - start,
+                events,
+                pending: (0..ranks)
+                    .filter(|&r| live[r] && outcomes[r].is_none())
+                    .map(|r| u8::try_from(r).expect("ranks fit a u8"))
+                    .collect(),
+            };
+            if events > self.config.max_events {
+                return Err(stalled("event limit", events, &outcomes));
+            }
+
+            for (r, rank) in (0..ranks).zip(0u8..) {
+                if live[r]
+                    && start_at[r] <= now
+                    && let Some(buffer) = data[r].take()
+                {
+                    let engine = Allreduce::new(
+                        self.config.member(rank),
+                        self.config.engine,
+                        self.next_chunk[r],
+                        buffer,
+                        now,
+                    )
+                    .expect("validated in Cluster::new")
+                    .with_rtt(self.rtt[r]);
+                    engines[r] = Some(engine);
+                }
+            }
+            for engine in engines.iter_mut().flatten() {
+                if engine.poll_timeout().is_some_and(|t| t <= now) {
+                    engine.handle_timeout(now);
+                }
+                while let Some(len) = engine.poll_transmit(now, &mut buf) {
+                    events += 1;
+                    self.net.send(now, Endpoint::Switch, buf[..len].to_vec());
+                }
+            }
+            let mut arrived = false;
+            while let Some((to, datagram)) = self.net.pop_arrived(now) {
+                arrived = true;
+                events += 1;
+                match to {
+                    Endpoint::Switch => {
+                        let Some(reply) = self.switch.handle(&datagram) else {
+                            continue;
+                        };
+                        match reply.to {
+                            Destination::AllMembers => {
+                                for rank in 0..self.config.fan_in {
+                                    self.net.send(
+                                        now,
+                                        Endpoint::Rank(rank),
+                                        reply.datagram.clone(),
+                                    );
+                                }
+                            }
+                            Destination::Rank(rank) => {
+                                self.net.send(now, Endpoint::Rank(rank), reply.datagram);
+                            }
+                        }
+                    }
+                    Endpoint::Rank(rank) => {
+                        if let Some(engine) = engines[usize::from(rank)].as_mut() {
+                            engine.handle_packet(now, &datagram);
+                        }
+                    }
+                }
+            }
+            for r in 0..ranks {
+                let Some(engine) = engines[r].as_mut() else {
+                    continue;
+                };
+                if let Some(outcome) = engine.take_outcome() {
+                    self.next_chunk[r] = engine.next_chunk();
+                    self.rtt[r] = *engine.rtt();
+                    outcomes[r] = Some(outcome);
+                    engines[r] = None;
+                }
+            }
+            if (0..ranks).all(|r| !live[r] || outcomes[r].is_some()) {
+                return Ok(Round {
+                    outcomes,
+                    duration: now - start,
+                });
+            }
+            if arrived {
+                // Answers to what arrived may be sendable at once.
+                continue;
+            }
+
+            let next = engines
+                .iter()
+                .flatten()
+                .filter_map(Allreduce::poll_timeout)
+                .chain(self.net.next_arrival())
+                .chain(
+                    (0..ranks)
+                        .filter(|&r| data[r].is_some() && live[r])
+                        .map(|r| start_at[r]),
+                )
+                .min();
+            match next {
+                None => return Err(stalled("nothing left to happen", events, &outcomes)),
+                Some(t) if t > limit => return Err(stalled("time limit", events, &outcomes)),
+                Some(t) => self.now = self.now.max(t),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splitmix64_matches_the_reference_sequence() {
+        let mut rng = SplitMix64::new(0);
+        assert_eq!(rng.next_u64(), 0xe220_a839_7b1d_cdaf);
+        assert_eq!(rng.next_u64(), 0x6e78_9e6a_a1b9_65f4);
+    }
+
+    #[test]
+    fn chance_has_the_requested_frequency() {
+        let mut rng = SplitMix64::new(0x5717c4);
+        for p in [0.001, 0.03, 0.2, 0.5] {
+            let n = 200_000;
+            let hits = (0..n).filter(|_| rng.chance(p)).count();
+            let freq = hits as f64 / f64::from(n);
+            assert!((freq - p).abs() < 0.1 * p + 0.001, "p {p}: {freq}");
+        }
+        assert!(!rng.chance(0.0));
+        assert!((0..1000).all(|_| rng.up_to(3) <= 3));
+        assert_eq!(rng.duration_up_to(Duration::ZERO), Duration::ZERO);
+    }
+}
