@@ -1,0 +1,13 @@
+//! xina-testbed: network-namespace topologies on one machine, and the
+//! scenarios and demos that run xina on them.
+//!
+//! - [`netns`]: RAII network namespaces, commands and threads inside them,
+//!   and cleanup on Ctrl-C.
+//! - [`topology`]: the star topology (one switch, N workers).
+//! - [`scenario`]: the allreduce scenario behind the demo and the tests.
+//! - [`ethtool`]: the interface offload toggles the topology needs.
+
+pub mod ethtool;
+pub mod netns;
+pub mod scenario;
+pub mod topology;
