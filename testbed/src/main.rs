@@ -56,6 +56,7 @@ fn demo(args: &DemoArgs) -> anyhow::Result<bool> {
         slots: args.slots,
         seed: args.seed,
         give_up: Duration::try_from_secs_f64(args.give_up).context("--give-up")?,
+        absent: Vec::new(),
     };
     println!(
         "xina demo: {} workers allreduce {} int32 each through an XDP switch ({} elements/packet, {} slots)\n",

@@ -1,0 +1,186 @@
+//! The `xina` command as an operator uses it (root needed for `run`).
+
+use std::{
+    process::{Command, Stdio},
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use xina_testbed::{
+    scenario::{AllreduceSpec, star_config},
+    topology::Star,
+};
+
+const XINA: &str = env!("CARGO_BIN_EXE_xina");
+
+fn write_config(text: &str) -> tempfile_path::TempPath {
+    tempfile_path::TempPath::new(text)
+}
+
+/// A file in the target directory, removed on drop.
+mod tempfile_path {
+    use std::{
+        path::PathBuf,
+        sync::atomic::{AtomicU32, Ordering},
+    };
+
+    pub struct TempPath(pub PathBuf);
+
+    impl TempPath {
+        pub fn new(text: &str) -> Self {
+            static N: AtomicU32 = AtomicU32::new(0);
+            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+            let path = dir.join(format!(
+                "xina-cli-{}-{}.toml",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::write(&path, text).expect("write config");
+            Self(path)
+        }
+    }
+
+    impl Drop for TempPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+#[test]
+fn check_rejects_a_bad_file_with_one_line_naming_the_field() {
+    let good = "[switch]\nports = [\"sp0\", \"sp1\"]\n\n[[jobs]]\nid = 1\nelems_per_packet = 64\nslot_base = 0\nslot_count = 8\n\n\
+                [[jobs.members]]\nrank = 0\nip = \"10.0.0.1\"\nport = 5000\nmac = \"02:00:00:00:00:01\"\ninterface = \"sp0\"\n";
+    let file = write_config(good);
+    let out = Command::new(XINA)
+        .args(["check", "-c"])
+        .arg(&file.0)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("job 1: 1 ranks, 64 elements per packet, slots 0..8")
+    );
+
+    let bad = write_config(&good.replace("rank = 0", "rank = 3"));
+    let out = Command::new(XINA)
+        .args(["check", "-c"])
+        .arg(&bad.0)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(
+        stderr.contains("jobs[0].members[0].rank: rank 3 outside 0..1"),
+        "{stderr}"
+    );
+
+    let out = Command::new(XINA)
+        .args(["check", "-c", "/nonexistent/xina.toml"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("reading /nonexistent/xina.toml"));
+}
+
+/// Every switch port that has an XDP program attached, as `ip` shows it.
+fn ports_with_xdp(star: &Star) -> Vec<String> {
+    let links = star.switch().ip(&["-d", "link", "show"]).unwrap();
+    star.ports()
+        .iter()
+        .filter(|p| {
+            links
+                .lines()
+                .any(|l| l.contains(&p.name) && l.contains(" xdp"))
+        })
+        .map(|p| p.name.clone())
+        .collect()
+}
+
+/// `xina run` attaches to every configured port, runs until SIGTERM, prints
+/// its counters and detaches from everything.
+#[test]
+fn run_attaches_and_detaches_cleanly() {
+    let star = Star::build(2).unwrap();
+    let spec = AllreduceSpec {
+        workers: 2,
+        ..Default::default()
+    };
+    let config = write_config(&star_config(&star, &spec));
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", star.switch().name(), XINA, "run", "-c"])
+        .arg(&config.0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ports_with_xdp(&star).len() < 2 {
+        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "xina run did not attach: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        sleep(Duration::from_millis(50));
+    }
+    let pid = i32::try_from(child.id()).unwrap();
+    // SAFETY: sending a signal to our own child process, which has not been reaped.
+    let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("job 1 installed: 2 ranks"), "{stderr}");
+    assert!(stderr.contains("detached"), "{stderr}");
+    assert_eq!(
+        ports_with_xdp(&star),
+        Vec::<String>::new(),
+        "nothing stays attached"
+    );
+}
+
+/// A port that does not exist: one clear line, and nothing stays attached
+/// to the ports that do.
+#[test]
+fn run_with_a_missing_port_attaches_nothing() {
+    let star = Star::build(1).unwrap();
+    let spec = AllreduceSpec {
+        workers: 1,
+        ..Default::default()
+    };
+    // The missing port comes after a real one, so a real attach is undone.
+    let real = &star.port(0).name;
+    let text = star_config(&star, &spec).replacen(
+        &format!("ports = [\"{real}\"]"),
+        &format!("ports = [\"{real}\", \"xina-nope0\"]"),
+        1,
+    );
+    assert!(text.contains("xina-nope0"));
+    let config = write_config(&text);
+    let out = Command::new("ip")
+        .args(["netns", "exec", star.switch().name(), XINA, "run", "-c"])
+        .arg(&config.0)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("xina: starting the switch: port xina-nope0:"),
+        "{stderr}"
+    );
+    assert!(
+        last.contains("interface xina-nope0 does not exist"),
+        "{stderr}"
+    );
+    assert_eq!(ports_with_xdp(&star), Vec::<String>::new());
+}
