@@ -114,7 +114,8 @@ impl AllreduceReport {
     /// Why the run does not prove in-switch aggregation, if it does not:
     /// every contribution must have reached the switch exactly once
     /// (`contributions = workers × chunks`), every chunk completed there
-    /// once, and one copy per worker left it.
+    /// once, one copy per worker left it, and every frame the switch saw is
+    /// accounted for by exactly one outcome counter.
     pub fn switch_accounting_error(&self) -> Option<String> {
         let w = self.spec.workers as u64;
         let expect = [
@@ -122,11 +123,23 @@ impl AllreduceReport {
             (Counter::Completed, self.chunks),
             (Counter::ResultsSent, w * self.chunks),
         ];
-        let wrong: Vec<String> = expect
+        let mut wrong: Vec<String> = expect
             .iter()
             .filter(|(c, want)| self.counter(*c) != *want)
             .map(|(c, want)| format!("{} = {} (expected {want})", c.name(), self.counter(*c)))
             .collect();
+        // Every frame the ingress program saw ended in exactly one outcome.
+        let outcomes: u64 = Counter::ALL
+            .iter()
+            .filter(|c| c.is_ingress_outcome())
+            .map(|c| self.counter(*c))
+            .sum();
+        if outcomes != self.counter(Counter::RxPackets) {
+            wrong.push(format!(
+                "ingress outcomes add up to {outcomes}, rx_packets = {}",
+                self.counter(Counter::RxPackets)
+            ));
+        }
         (!wrong.is_empty()).then(|| wrong.join(", "))
     }
 
