@@ -6,25 +6,41 @@ use xina_proto::{
     Kind, checksum,
     counters::Counter,
     header::field,
-    maps::PortKey,
+    maps::{PortKey, mode},
     net::{ETH_DST, ETH_SRC, IPV4_CSUM, IPV4_DST, UDP_CSUM, UDP_DPORT},
 };
 
 use crate::{
     error::{Error, Verdict},
-    maps::PORT_MEMBERS,
+    maps::{JOBS, PORT_MEMBERS, Tally},
     packet::{self, IP, UDP, XINA},
+    switch::make_notice,
 };
 
-pub fn try_egress(ctx: &XdpContext, ifindex: u32) -> Result<Verdict, Verdict> {
+pub fn try_egress(ctx: &XdpContext, ifindex: u32, tally: &mut Tally) -> Result<Verdict, Verdict> {
     packet::parse(ctx, packet::Direction::FromSwitch)?;
     if packet::u8_at(ctx, XINA + field::KIND)? != Kind::AggResult as u8 {
         return Err(Error::UnsupportedKind.into());
     }
-    let job = packet::be32_at(ctx, XINA + field::JOB.start)?;
+    let job_id = packet::be32_at(ctx, XINA + field::JOB.start)?;
+    tally.set_job(job_id);
     // SAFETY: read-only access to a map value.
-    let member =
-        *unsafe { PORT_MEMBERS.get(PortKey { job, ifindex }) }.ok_or(Error::EgressNotMember)?;
+    let member = *unsafe {
+        PORT_MEMBERS.get(PortKey {
+            job: job_id,
+            ifindex,
+        })
+    }
+    .ok_or(Error::EgressNotMember)?;
+    // SAFETY: read-only access to a map value.
+    let job = *unsafe { JOBS.get(job_id) }.ok_or(Error::EgressNotMember)?;
+    let root = packet::u8_at(ctx, XINA + field::ROOT)?;
+    let counter = if job.mode != mode::ALLREDUCE && member.rank != u32::from(root) {
+        make_notice(ctx)?;
+        Counter::NoticesSent
+    } else {
+        Counter::ResultsSent
+    };
 
     packet::put(ctx, ETH_DST, member.mac)?;
     packet::put(ctx, ETH_SRC, member.port_mac)?;
@@ -44,5 +60,5 @@ pub fn try_egress(ctx: &XdpContext, ifindex: u32) -> Result<Verdict, Verdict> {
     let udp_csum = packet::be16_at(ctx, UDP + UDP_CSUM)?;
     packet::set_be16(ctx, UDP + UDP_CSUM, checksum::apply_udp(udp_csum, udp_acc))?;
 
-    Ok(Verdict::new(Counter::ResultsSent, XDP_PASS))
+    Ok(Verdict::new(counter, XDP_PASS))
 }

@@ -3,7 +3,7 @@
 use aya_ebpf::bindings::xdp_action::{XDP_DROP, XDP_PASS};
 use xina_proto::counters::Counter;
 
-use crate::maps;
+use crate::maps::Tally;
 
 /// Why a packet is dropped.
 #[derive(Clone, Copy)]
@@ -20,6 +20,7 @@ pub enum Error {
     Stale,
     Redirect,
     EgressNotMember,
+    Internal,
 }
 
 /// The end of a packet's trip through a program: which counter records it
@@ -42,8 +43,8 @@ impl Verdict {
 
     /// Counts the verdict and returns its action.
     #[inline(always)]
-    pub fn finish(self) -> u32 {
-        maps::count(self.counter);
+    pub fn finish(self, tally: &Tally) -> u32 {
+        tally.count(self.counter);
         self.action
     }
 }
@@ -63,6 +64,7 @@ impl From<Error> for Verdict {
             Error::Stale => Counter::DropStale,
             Error::Redirect => Counter::DropRedirect,
             Error::EgressNotMember => Counter::EgressNotMember,
+            Error::Internal => Counter::DropInternal,
         };
         Self::new(counter, XDP_DROP)
     }

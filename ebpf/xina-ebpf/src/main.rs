@@ -2,14 +2,19 @@
 //!
 //! - [`xina_switch`]: the ingress XDP program on every switch port. It parses
 //!   Ethernet / IPv4 / UDP / xina, lets everything that is not xina through
-//!   unchanged, and aggregates contributions into the job's slots. The packet
-//!   that completes a chunk becomes the result and is broadcast to every port
-//!   through the `PORTS` devmap.
+//!   unchanged, admits contributions (job, member, shape, slot range) and
+//!   tail-calls the aggregation program of the job's element type and op.
+//! - `xina_agg_{i32,i64}_{sum,max,min}_{64,128,256,360}`: combine the contribution into its
+//!   slot; the packet that completes a chunk becomes the result and is
+//!   broadcast to every port through the `PORTS` devmap. One program per type
+//!   and op keeps each within the verifier's budget (every element loop of up
+//!   to 360 iterations is walked by the verifier).
 //! - [`xina_egress`]: the devmap egress program, run once per port copy of a
 //!   broadcast result. It keeps the copy only if the job has a member behind
 //!   that port, and addresses it to that member.
 //! - [`xina_egress_test`]: the same egress logic as a plain XDP program, for
 //!   `BPF_PROG_TEST_RUN` (which cannot run devmap programs).
+//! - [`xina_drop`]: `XDP_DROP`, the cost baseline for benchmarks.
 //!
 //! How a job's group is selected when jobs share ports: the broadcast reaches
 //! every port in `PORTS`; the egress program looks up `(job, egress ifindex)`
@@ -26,28 +31,76 @@ mod packet;
 mod slot;
 mod switch;
 
-use aya_ebpf::{macros::xdp, programs::XdpContext};
+use aya_ebpf::{bindings::xdp_action::XDP_DROP, macros::xdp, programs::XdpContext};
+use xina_proto::counters::Counter;
 
-use crate::error::Verdict;
+use crate::{error::Verdict, maps::Tally};
 
 /// Ingress program of every switch port.
 #[xdp]
 pub fn xina_switch(ctx: XdpContext) -> u32 {
-    maps::count(xina_proto::counters::Counter::RxPackets);
-    switch::try_switch(&ctx)
+    let mut tally = Tally::port(ctx.ingress_ifindex() as u32);
+    tally.count(Counter::RxPackets);
+    switch::try_switch(&ctx, &mut tally)
         .unwrap_or_else(Verdict::from)
-        .finish()
+        .finish(&tally)
 }
 
-/// Devmap egress program: addresses a result copy to the job's member on this port.
+/// Declares the aggregation programs `xina_switch` tail-calls, one per
+/// element type, op and size class, so the verifier checks each on its own.
+macro_rules! aggregate_programs {
+    ($($name:ident: $elem:ty, $op:ty, $n:literal;)*) => {$(
+        #[xdp]
+        pub fn $name(ctx: XdpContext) -> u32 {
+            let mut tally = Tally::port(ctx.ingress_ifindex() as u32);
+            switch::aggregate::<$elem, $op, $n>(&ctx, &mut tally)
+                .unwrap_or_else(Verdict::from)
+                .finish(&tally)
+        }
+    )*};
+}
+
+// The order must match `xina_proto::maps::programs::AGGREGATE`: index
+// `4 × (3 × dtype + op) + class`, classes of 64, 128, 256 and 360 elements
+// per packet (an `int64` packet holds at most 180).
+aggregate_programs! {
+    xina_agg_i32_sum_64: slot::I32, slot::Sum, 64;
+    xina_agg_i32_sum_128: slot::I32, slot::Sum, 128;
+    xina_agg_i32_sum_256: slot::I32, slot::Sum, 256;
+    xina_agg_i32_sum_360: slot::I32, slot::Sum, 360;
+    xina_agg_i32_max_64: slot::I32, slot::Max, 64;
+    xina_agg_i32_max_128: slot::I32, slot::Max, 128;
+    xina_agg_i32_max_256: slot::I32, slot::Max, 256;
+    xina_agg_i32_max_360: slot::I32, slot::Max, 360;
+    xina_agg_i32_min_64: slot::I32, slot::Min, 64;
+    xina_agg_i32_min_128: slot::I32, slot::Min, 128;
+    xina_agg_i32_min_256: slot::I32, slot::Min, 256;
+    xina_agg_i32_min_360: slot::I32, slot::Min, 360;
+    xina_agg_i64_sum_64: slot::I64, slot::Sum, 64;
+    xina_agg_i64_sum_128: slot::I64, slot::Sum, 128;
+    xina_agg_i64_sum_256: slot::I64, slot::Sum, 256;
+    xina_agg_i64_sum_360: slot::I64, slot::Sum, 360;
+    xina_agg_i64_max_64: slot::I64, slot::Max, 64;
+    xina_agg_i64_max_128: slot::I64, slot::Max, 128;
+    xina_agg_i64_max_256: slot::I64, slot::Max, 256;
+    xina_agg_i64_max_360: slot::I64, slot::Max, 360;
+    xina_agg_i64_min_64: slot::I64, slot::Min, 64;
+    xina_agg_i64_min_128: slot::I64, slot::Min, 128;
+    xina_agg_i64_min_256: slot::I64, slot::Min, 256;
+    xina_agg_i64_min_360: slot::I64, slot::Min, 360;
+}
+
+/// Devmap egress program: addresses a result copy to the job's member on
+/// this port, as a full result or as a completion notice.
 #[xdp(map = "devmap")]
 pub fn xina_egress(ctx: XdpContext) -> u32 {
     // SAFETY: `ctx.ctx` is the kernel-provided context of a devmap program,
     // which has `egress_ifindex` set.
     let ifindex = unsafe { (*ctx.ctx).egress_ifindex };
-    egress::try_egress(&ctx, ifindex)
+    let mut tally = Tally::port(ifindex);
+    egress::try_egress(&ctx, ifindex, &mut tally)
         .unwrap_or_else(Verdict::from)
-        .finish()
+        .finish(&tally)
 }
 
 /// [`xina_egress`] for `BPF_PROG_TEST_RUN`: the egress ifindex comes from the
@@ -55,9 +108,17 @@ pub fn xina_egress(ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn xina_egress_test(ctx: XdpContext) -> u32 {
     let ifindex = maps::TEST_EGRESS_IFINDEX.get(0).copied().unwrap_or(0);
-    egress::try_egress(&ctx, ifindex)
+    let mut tally = Tally::port(ifindex);
+    egress::try_egress(&ctx, ifindex, &mut tally)
         .unwrap_or_else(Verdict::from)
-        .finish()
+        .finish(&tally)
+}
+
+/// Drops everything: the baseline `xina-testbed bench switch` measures the
+/// switch's paths against, over the same frames in the same run.
+#[xdp]
+pub fn xina_drop(_ctx: XdpContext) -> u32 {
+    XDP_DROP
 }
 
 #[cfg(not(test))]

@@ -3,18 +3,45 @@
 //! Concurrency: a port's frames can be processed on several CPUs, and the
 //! ranks of one job sit behind different ports, so two contributions to the
 //! same slot copy can run at the same time. Every step reads and writes
-//! several fields together (sequence number, bitmap, state and all
-//! elements), so per-field atomics would let a reset on one CPU interleave
-//! with a combine on another. A `bpf_spin_lock` per slot copy makes the whole
-//! step atomic; contention is limited to ranks of one chunk arriving at the
-//! same instant, and the critical section calls no helper (the verifier
-//! forbids it), so counters and redirects happen after the unlock.
+//! several fields together (sequence number, bitmap, state, root and every
+//! element), and MAX / MIN have no atomic instruction in BPF, so per-field
+//! atomics would let a reset on one CPU interleave with a combine on another.
+//! A `bpf_spin_lock` per slot copy makes the whole step atomic. Contention is
+//! limited to ranks of one chunk arriving at the same instant, and the
+//! critical section calls no helper (the verifier forbids it), so the payload
+//! is staged into per-CPU scratch before the lock (`bpf_xdp_load_bytes`) and
+//! written back after it (`bpf_xdp_store_bytes`), and counters and redirects
+//! happen after the unlock.
+//!
+//! The state machine of one copy, for a contribution of chunk `s` from rank
+//! `r` (W = the job's slot count, so a copy holds chunks `s`, `s + 2W`, ...):
+//!
+//! | copy holds             | contribution            | effect                         | outcome     |
+//! |------------------------|-------------------------|--------------------------------|-------------|
+//! | nothing (empty)        | any `s`                 | initialise with it             | consumed *  |
+//! | chunk `s - 2W`         | `s`                     | initialise with it             | consumed *  |
+//! | chunk `s`, partial     | new rank                | combine                        | consumed *  |
+//! | chunk `s`, partial     | rank already in         | none                           | duplicate   |
+//! | chunk `s`, complete    | rank already in         | output := stored result        | from cache  |
+//! | chunk `s`              | other count or root     | none                           | bad shape   |
+//! | any other chunk        | `s`                     | none                           | stale       |
+//!
+//! (*) `completed` instead when the contribution makes the bitmap full: the
+//! values are clamped to the element type and staged as the output.
+//!
+//! Verifier budget: every element loop runs a constant number of times `N`
+//! (the size class of the job's packets) and never branches on the element
+//! count, so the verifier walks each loop once; a loop that stopped at the
+//! count would make it walk the rest of the program once per possible count.
 
 use aya_ebpf::helpers::{bpf_spin_lock, bpf_spin_unlock};
 use xina_proto::{
-    Flags, MAX_ELEMS, checksum,
+    Flags, MAX_PAYLOAD,
     maps::{Slot, slot_state},
 };
+
+/// A staged payload.
+pub type Buf = [u8; MAX_PAYLOAD];
 
 /// A contribution, as checked against its job.
 pub struct Contribution {
@@ -22,118 +49,279 @@ pub struct Contribution {
     pub count: u32,
     pub rank_bit: u64,
     pub all_ranks: u64,
+    pub root: u32,
+    /// Distance between two chunks held by the same copy: twice the job's slots.
+    pub reuse: u32,
 }
 
 /// What the contribution did to its slot copy.
 pub enum Outcome {
     /// Stored; the chunk still misses ranks.
     Consumed,
-    /// It completed the chunk: the payload now holds the result.
+    /// It completed the chunk: the output buffer holds the result.
     Completed(Result),
-    /// A retransmission of a finished chunk: the payload now holds the
+    /// A retransmission of a finished chunk: the output buffer holds the
     /// stored result, for the sender alone.
     FromCache(Result),
     /// This rank already contributed to the unfinished chunk.
     Duplicate,
-    /// The copy holds a newer chunk.
+    /// The copy holds a chunk this contribution does not belong to.
     Stale,
-    /// The element count differs from the chunk's.
+    /// The element count or root differ from the chunk's.
     BadShape,
 }
 
-/// A result written into the payload.
+/// A result staged in the output buffer.
 pub struct Result {
     pub flags: u8,
     pub bitmap: u64,
-    /// Checksum adjustment for the payload bytes that changed.
+    pub root: u32,
+    /// Checksum adjustment from the input payload to the output payload.
     pub csum: u64,
 }
 
-/// Whether `a` is a later sequence number than `b` (RFC 1982 style).
-#[inline(always)]
-fn newer(a: u32, b: u32) -> bool {
-    (a.wrapping_sub(b) as i32) > 0
+/// An element type on the wire.
+pub trait Elem {
+    /// Bytes per element.
+    const SIZE: usize;
+    /// Elements that fit a staged payload.
+    const CAP: usize = MAX_PAYLOAD / Self::SIZE;
+    /// Element `i` of a staged payload (sign-extended); `i < CAP`.
+    fn get(buf: &Buf, i: usize) -> i64;
+    /// Stores element `i` of a staged payload; `i < CAP`.
+    fn put(buf: &mut Buf, i: usize, v: i64);
+    /// The checksum adjustment `~old + new` over element `i`'s 32-bit words.
+    fn csum(old: &Buf, new: &Buf, i: usize) -> u64;
+    /// Adds `v` to an accumulator; `true` if it saturated.
+    fn add(acc: i64, v: i64) -> (i64, bool);
+    /// Clamps an accumulator to the type's range; `true` if it had to.
+    fn clamp(v: i64) -> (i64, bool);
 }
 
-/// Runs one contribution on a slot copy.
+#[inline(always)]
+fn word(buf: &Buf, at: usize) -> u32 {
+    debug_assert!(at + 4 <= MAX_PAYLOAD);
+    // SAFETY: callers pass `at + 4 <= MAX_PAYLOAD` (element index below CAP).
+    u32::from_be_bytes(unsafe { *buf.as_ptr().add(at).cast::<[u8; 4]>() })
+}
+
+#[inline(always)]
+fn set_word(buf: &mut Buf, at: usize, v: u32) {
+    debug_assert!(at + 4 <= MAX_PAYLOAD);
+    // SAFETY: as in `word`.
+    unsafe { *buf.as_mut_ptr().add(at).cast::<[u8; 4]>() = v.to_be_bytes() };
+}
+
+/// `int32`: accumulated in `i64` (64 ranks cannot overflow it), clamped once
+/// when the chunk completes.
+pub struct I32;
+/// `int64`: accumulated with saturation.
+pub struct I64;
+
+impl Elem for I32 {
+    const SIZE: usize = 4;
+
+    #[inline(always)]
+    fn get(buf: &Buf, i: usize) -> i64 {
+        i64::from(word(buf, 4 * i) as i32)
+    }
+
+    #[inline(always)]
+    fn put(buf: &mut Buf, i: usize, v: i64) {
+        set_word(buf, 4 * i, v as i32 as u32);
+    }
+
+    #[inline(always)]
+    fn csum(old: &Buf, new: &Buf, i: usize) -> u64 {
+        u64::from(!word(old, 4 * i)) + u64::from(word(new, 4 * i))
+    }
+
+    #[inline(always)]
+    fn add(acc: i64, v: i64) -> (i64, bool) {
+        (acc + v, false)
+    }
+
+    #[inline(always)]
+    fn clamp(v: i64) -> (i64, bool) {
+        if v > i64::from(i32::MAX) {
+            (i64::from(i32::MAX), true)
+        } else if v < i64::from(i32::MIN) {
+            (i64::from(i32::MIN), true)
+        } else {
+            (v, false)
+        }
+    }
+}
+
+impl Elem for I64 {
+    const SIZE: usize = 8;
+
+    #[inline(always)]
+    fn get(buf: &Buf, i: usize) -> i64 {
+        ((u64::from(word(buf, 8 * i)) << 32) | u64::from(word(buf, 8 * i + 4))) as i64
+    }
+
+    #[inline(always)]
+    fn put(buf: &mut Buf, i: usize, v: i64) {
+        set_word(buf, 8 * i, (v >> 32) as u32);
+        set_word(buf, 8 * i + 4, v as u32);
+    }
+
+    #[inline(always)]
+    fn csum(old: &Buf, new: &Buf, i: usize) -> u64 {
+        u64::from(!word(old, 8 * i))
+            + u64::from(word(new, 8 * i))
+            + u64::from(!word(old, 8 * i + 4))
+            + u64::from(word(new, 8 * i + 4))
+    }
+
+    #[inline(always)]
+    fn add(acc: i64, v: i64) -> (i64, bool) {
+        match acc.checked_add(v) {
+            Some(s) => (s, false),
+            // Saturate in the direction of the true sum.
+            None if v > 0 => (i64::MAX, true),
+            None => (i64::MIN, true),
+        }
+    }
+
+    #[inline(always)]
+    fn clamp(v: i64) -> (i64, bool) {
+        (v, false)
+    }
+}
+
+/// How elements combine.
+pub trait Combine {
+    /// Combines an accumulator with a new value; `true` if it saturated.
+    fn combine<E: Elem>(acc: i64, v: i64) -> (i64, bool);
+}
+
+pub struct Sum;
+pub struct Max;
+pub struct Min;
+
+impl Combine for Sum {
+    #[inline(always)]
+    fn combine<E: Elem>(acc: i64, v: i64) -> (i64, bool) {
+        E::add(acc, v)
+    }
+}
+
+impl Combine for Max {
+    #[inline(always)]
+    fn combine<E: Elem>(acc: i64, v: i64) -> (i64, bool) {
+        (if v > acc { v } else { acc }, false)
+    }
+}
+
+impl Combine for Min {
+    #[inline(always)]
+    fn combine<E: Elem>(acc: i64, v: i64) -> (i64, bool) {
+        (if v < acc { v } else { acc }, false)
+    }
+}
+
+/// Zeroes the first `N` elements of a staged payload: the caller stages the
+/// chunk's `n <= N` elements over it, so elements past `n` are 0, combine to
+/// 0 with any op, never overflow and add nothing to the checksum. The loops
+/// can then run over all `N` without looking at `n`.
+#[inline(always)]
+pub fn clear<E: Elem, const N: usize>(buf: &mut Buf) {
+    for i in 0..(N.min(E::CAP) * E::SIZE) / 8 {
+        // SAFETY: `8 * i + 8 <= N * SIZE <= MAX_PAYLOAD`.
+        unsafe { *buf.as_mut_ptr().add(8 * i).cast::<[u8; 8]>() = [0; 8] };
+    }
+}
+
+/// Runs one contribution (staged in `input` over a [`clear`]ed buffer) on a
+/// slot copy; a result is staged in `output`. `N` is the job's size class:
+/// the loops' trip count.
 ///
 /// # Safety
-/// `slot` points to a `SLOTS` map value; `payload..end` is the frame's payload
-/// range as the verifier knows it (every element access is checked against
-/// `end` again).
+/// `slot` points to a `SLOTS` map value.
 #[inline(always)]
-pub unsafe fn contribute(slot: *mut Slot, payload: usize, end: usize, c: &Contribution) -> Outcome {
+pub unsafe fn contribute<E: Elem, C: Combine, const N: usize>(
+    slot: *mut Slot,
+    input: &Buf,
+    output: &mut Buf,
+    c: &Contribution,
+) -> Outcome {
     // SAFETY: `slot` is a valid map value (caller); the lock field is the
     // kernel's `struct bpf_spin_lock` layout.
     let lock = unsafe { &raw mut (*slot).lock }.cast();
     // SAFETY: as above.
     unsafe { bpf_spin_lock(lock) };
     // SAFETY: we hold the copy's lock, so no other CPU touches it.
-    let outcome = unsafe { step(&mut *slot, payload, end, c) };
+    let outcome = step::<E, C, N>(unsafe { &mut *slot }, input, output, c);
     // SAFETY: as above; the lock is held by this program.
     unsafe { bpf_spin_unlock(lock) };
     outcome
 }
 
-/// Loads element `i` of the payload, `None` past the frame's end.
+/// Stages the copy's values as the output, clamped to the element type
+/// (setting the copy's overflow flag if one of the chunk's values had to be);
+/// returns the checksum adjustment from `input`.
+///
+/// Flags live in the slot, not in a register carried through the loop: a
+/// register that is 0 on one path and 1 on another would split the
+/// verifier's states at every iteration.
 #[inline(always)]
-fn load(payload: usize, end: usize, i: usize) -> Option<u32> {
-    let p = payload + 4 * i;
-    if p + 4 > end {
-        return None;
+fn write_out<E: Elem, const N: usize>(s: &mut Slot, input: &Buf, output: &mut Buf) -> u64 {
+    let mut csum = 0;
+    for i in 0..N.min(E::CAP) {
+        let (v, over) = E::clamp(s.values[i]);
+        if over {
+            s.flags |= u32::from(Flags::OVERFLOW);
+        }
+        s.values[i] = v;
+        E::put(output, i, v);
+        // Past the chunk's elements both sides are 0, and `~0 + 0` is the
+        // ones'-complement zero: it changes nothing.
+        csum += E::csum(input, output, i);
     }
-    // SAFETY: the four bytes lie inside the frame, checked just above.
-    Some(u32::from_be_bytes(unsafe { *(p as *const [u8; 4]) }))
-}
-
-/// Stores element `i` of the payload; the caller checked it with `load`.
-#[inline(always)]
-fn store(payload: usize, end: usize, i: usize, v: u32) {
-    let p = payload + 4 * i;
-    if p + 4 <= end {
-        // SAFETY: the four bytes lie inside the frame, checked just above.
-        unsafe { *(p as *mut [u8; 4]) = v.to_be_bytes() };
-    }
+    csum
 }
 
 /// The state machine proper; no helper calls allowed in here.
 #[inline(always)]
-fn step(s: &mut Slot, payload: usize, end: usize, c: &Contribution) -> Outcome {
-    let n = c.count as usize;
-    if s.state == slot_state::EMPTY || newer(c.seq, s.seq) {
-        // The first contribution to this chunk initialises the copy. The
-        // protocol guarantees the chunk it replaces has been delivered to
-        // every rank (see `xina-host`): a rank sends seq + W only after it has
-        // the result of seq, so every rank had contributed to seq and thus
-        // received seq - W, the chunk this copy held.
-        let mut i = 0;
-        while i < MAX_ELEMS && i < n {
-            let Some(v) = load(payload, end, i) else {
-                return Outcome::BadShape;
-            };
-            s.values[i] = v as i32;
-            i += 1;
+fn step<E: Elem, C: Combine, const N: usize>(
+    s: &mut Slot,
+    input: &Buf,
+    output: &mut Buf,
+    c: &Contribution,
+) -> Outcome {
+    if s.state == slot_state::EMPTY || c.seq == s.seq.wrapping_add(c.reuse) {
+        // The first contribution to this chunk initialises the copy. A rank
+        // sends chunk s + 2W to this copy only after it has the result of
+        // s + W, so every rank contributed to s + W and therefore already had
+        // the result of s, the chunk this copy held.
+        for i in 0..N.min(E::CAP) {
+            s.values[i] = E::get(input, i);
         }
         s.seq = c.seq;
         s.count = c.count;
         s.bitmap = c.rank_bit;
+        s.root = c.root;
         s.flags = 0;
-        if c.rank_bit == c.all_ranks {
-            s.state = slot_state::COMPLETE;
-            // A job of one rank: the contribution is its own result.
-            return Outcome::Completed(Result {
-                flags: 0,
-                bitmap: s.bitmap,
-                csum: 0,
-            });
+        if c.rank_bit != c.all_ranks {
+            s.state = slot_state::PARTIAL;
+            return Outcome::Consumed;
         }
-        s.state = slot_state::PARTIAL;
-        return Outcome::Consumed;
+        // A job of one rank: the contribution is its own result.
+        s.state = slot_state::COMPLETE;
+        let csum = write_out::<E, N>(s, input, output);
+        return Outcome::Completed(Result {
+            flags: s.flags as u8,
+            bitmap: s.bitmap,
+            root: s.root,
+            csum,
+        });
     }
     if c.seq != s.seq {
         return Outcome::Stale;
     }
-    if c.count != s.count {
+    if c.count != s.count || c.root != s.root {
         return Outcome::BadShape;
     }
     if s.bitmap & c.rank_bit != 0 {
@@ -142,57 +330,31 @@ fn step(s: &mut Slot, payload: usize, end: usize, c: &Contribution) -> Outcome {
         }
         // A retransmission of a finished chunk: its result was lost on the
         // way to this rank. Answer from the stored result.
-        let mut csum = 0;
-        let mut i = 0;
-        while i < MAX_ELEMS && i < n {
-            let Some(old) = load(payload, end, i) else {
-                return Outcome::BadShape;
-            };
-            let new = s.values[i] as u32;
-            store(payload, end, i, new);
-            csum = checksum::replace32(csum, old, new);
-            i += 1;
-        }
+        let csum = write_out::<E, N>(s, input, output);
         return Outcome::FromCache(Result {
             flags: s.flags as u8,
             bitmap: s.bitmap,
+            root: s.root,
             csum,
         });
     }
-    let completes = s.bitmap | c.rank_bit == c.all_ranks;
-    let mut overflow = false;
-    let mut csum = 0;
-    let mut i = 0;
-    while i < MAX_ELEMS && i < n {
-        let Some(v) = load(payload, end, i) else {
-            return Outcome::BadShape;
-        };
-        let (sum, over) = s.values[i].overflowing_add(v as i32);
-        let sum = if over {
-            overflow = true;
-            // Saturate in the direction of the true sum.
-            if sum < 0 { i32::MAX } else { i32::MIN }
-        } else {
-            sum
-        };
-        s.values[i] = sum;
-        if completes {
-            store(payload, end, i, sum as u32);
-            csum = checksum::replace32(csum, v, sum as u32);
+    for i in 0..N.min(E::CAP) {
+        let (acc, over) = C::combine::<E>(s.values[i], E::get(input, i));
+        if over {
+            s.flags |= u32::from(Flags::OVERFLOW);
         }
-        i += 1;
+        s.values[i] = acc;
     }
     s.bitmap |= c.rank_bit;
-    if overflow {
-        s.flags |= u32::from(Flags::OVERFLOW);
+    if s.bitmap != c.all_ranks {
+        return Outcome::Consumed;
     }
-    if completes {
-        s.state = slot_state::COMPLETE;
-        return Outcome::Completed(Result {
-            flags: s.flags as u8,
-            bitmap: s.bitmap,
-            csum,
-        });
-    }
-    Outcome::Consumed
+    s.state = slot_state::COMPLETE;
+    let csum = write_out::<E, N>(s, input, output);
+    Outcome::Completed(Result {
+        flags: s.flags as u8,
+        bitmap: s.bitmap,
+        root: s.root,
+        csum,
+    })
 }

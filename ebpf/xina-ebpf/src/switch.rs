@@ -3,26 +3,26 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_BROADCAST, xdp_action::XDP_DROP},
-    helpers::bpf_redirect,
+    helpers::{bpf_redirect, bpf_xdp_load_bytes, bpf_xdp_store_bytes},
     programs::XdpContext,
 };
 use aya_log_ebpf::debug;
 use xina_proto::{
-    DType, Flags, Kind, MAX_RANKS, XINA_UDP_PORT, checksum,
+    DType, Flags, Kind, MAX_PAYLOAD, MAX_RANKS, XINA_UDP_PORT, checksum,
     counters::Counter,
     header::{SLOT_VERSION_BIT, field},
-    maps::MemberKey,
+    maps::{MemberKey, mode},
     net::{ETH_DST, ETH_SRC, IPV4_DST, IPV4_SRC, UDP_CSUM, UDP_DPORT, UDP_SPORT},
 };
 
 use crate::{
     error::{Error, Verdict},
-    maps::{JOBS, MEMBERS, PORTS, SLOTS, XINA_DEBUG},
+    maps::{AGGREGATE, JOBS, MEMBERS, PORTS, Pending, SCRATCH, SLOTS, Tally, XINA_DEBUG},
     packet::{self, IP, PAYLOAD, UDP, XINA},
-    slot::{self, Contribution, Outcome},
+    slot::{self, Combine, Contribution, Elem, Outcome},
 };
 
-pub fn try_switch(ctx: &XdpContext) -> Result<Verdict, Verdict> {
+pub fn try_switch(ctx: &XdpContext, tally: &mut Tally) -> Result<Verdict, Verdict> {
     packet::parse(ctx, packet::Direction::ToSwitch)?;
     if packet::u8_at(ctx, XINA + field::KIND)? != Kind::AggData as u8 {
         return Err(Error::UnsupportedKind.into());
@@ -31,6 +31,7 @@ pub fn try_switch(ctx: &XdpContext) -> Result<Verdict, Verdict> {
     // SAFETY: the value is only read, and a job's entry is replaced by the
     // control plane as a whole, never while its traffic is expected.
     let job = *unsafe { JOBS.get(job_id) }.ok_or(Error::UnknownJob)?;
+    tally.set_job(job_id);
 
     // The sender must be the registered member for the rank it claims: its
     // source address and port must be that member's.
@@ -51,16 +52,18 @@ pub fn try_switch(ctx: &XdpContext) -> Result<Verdict, Verdict> {
     }
 
     let count = packet::be16_at(ctx, XINA + field::COUNT.start)?;
+    let root = packet::u8_at(ctx, XINA + field::ROOT)?;
     if packet::u8_at(ctx, XINA + field::DTYPE)? != job.dtype
-        || job.dtype != DType::I32 as u8
         || packet::u8_at(ctx, XINA + field::OP)? != job.op
         || packet::u8_at(ctx, XINA + field::FAN_IN)? != job.fan_in
         || count == 0
         || count > job.elems
+        || root >= job.fan_in
     {
         return Err(Error::BadShape.into());
     }
-    let payload_end = PAYLOAD + 4 * usize::from(count);
+    let size = if job.dtype == DType::I64 as u8 { 8 } else { 4 };
+    let payload_end = PAYLOAD + size * usize::from(count);
     if ctx.data() + payload_end > ctx.data_end() {
         return Err(Error::Truncated.into());
     }
@@ -72,33 +75,119 @@ pub fn try_switch(ctx: &XdpContext) -> Result<Verdict, Verdict> {
     }
     let version = u32::from(slot_field & SLOT_VERSION_BIT != 0);
     let index = (job.slot_base + slot) * 2 + version;
-    let copy = SLOTS.get_ptr_mut(index).ok_or(Error::BadSlot)?;
 
     let seq = packet::be32_at(ctx, XINA + field::SEQ.start)?;
-    let c = Contribution {
+    let pending = Pending {
+        copy: index,
         seq,
         count: u32::from(count),
-        rank_bit: 1u64 << rank,
+        rank: u32::from(rank),
+        root: u32::from(root),
+        reuse: job.slot_count.wrapping_mul(2),
         all_ranks: job.all_ranks,
+        job: job_id,
+        ifindex: member.ifindex,
+        mode: u32::from(job.mode),
+        _pad: 0,
     };
-    let payload = ctx.data() + PAYLOAD;
-    // SAFETY: `copy` is a SLOTS value; the payload range was checked above.
-    let outcome = unsafe { slot::contribute(copy, payload, ctx.data_end(), &c) };
+    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+        return Err(Error::Internal.into());
+    };
+    // SAFETY: this CPU's scratch entry; the tail-called program reads it
+    // before anything else runs on this CPU.
+    unsafe { (*scratch).pending = pending };
+    let class = match job.elems {
+        0..=64 => 0,
+        65..=128 => 1,
+        129..=256 => 2,
+        _ => 3,
+    };
+    let kind = if job.dtype == DType::I64 as u8 { 3 } else { 0 } + u32::from(job.op);
+    let variant = 4 * kind + class;
+    // SAFETY: a tail call with this program's own context; on success it
+    // does not return.
+    unsafe { AGGREGATE.tail_call(ctx, variant) };
+    // Only reached when the aggregation program for this type and op is
+    // missing from the program array.
+    Err(Error::Internal.into())
+}
+
+/// The second half of the ingress path, one program per element type, op
+/// and size class `N` (tail-called from `xina_switch`, so that each is
+/// verified on its own): stage the payload, run the slot step, deliver.
+#[inline(always)]
+pub fn aggregate<E: Elem, C: Combine, const N: usize>(
+    ctx: &XdpContext,
+    tally: &mut Tally,
+) -> Result<Verdict, Verdict> {
+    let scratch = SCRATCH.get_ptr_mut(0).ok_or(Error::Internal)?;
+    // SAFETY: this CPU's scratch entry, written by `xina_switch` just before
+    // the tail call; nothing else runs on this CPU meanwhile.
+    let scratch = unsafe { &mut *scratch };
+    let p = scratch.pending;
+    tally.set_job(p.job);
+    let len = p.count as usize * E::SIZE;
+    if len == 0 || len > MAX_PAYLOAD {
+        return Err(Error::BadShape.into());
+    }
+    // The whole payload is staged before the slot is touched, so a short
+    // frame cannot leave a chunk half combined.
+    slot::clear::<E, N>(&mut scratch.input);
+    // SAFETY: `input` has room for MAX_PAYLOAD >= len bytes.
+    let rc = unsafe {
+        bpf_xdp_load_bytes(
+            ctx.ctx,
+            PAYLOAD as u32,
+            scratch.input.as_mut_ptr().cast(),
+            len as u32,
+        )
+    };
+    if rc != 0 {
+        return Err(Error::Truncated.into());
+    }
+    let copy = SLOTS.get_ptr_mut(p.copy).ok_or(Error::BadSlot)?;
+    let c = Contribution {
+        seq: p.seq,
+        count: p.count,
+        rank_bit: 1u64 << (p.rank & 63),
+        all_ranks: p.all_ranks,
+        root: p.root,
+        reuse: p.reuse,
+    };
+    // SAFETY: `copy` is a SLOTS value.
+    let outcome =
+        unsafe { slot::contribute::<E, C, N>(copy, &scratch.input, &mut scratch.output, &c) };
+    if let Outcome::Completed(_) | Outcome::FromCache(_) = outcome {
+        // SAFETY: `output` holds MAX_PAYLOAD >= len bytes; the frame has the
+        // `len` payload bytes (staged from it above).
+        let rc = unsafe {
+            bpf_xdp_store_bytes(
+                ctx.ctx,
+                PAYLOAD as u32,
+                scratch.output.as_mut_ptr().cast(),
+                len as u32,
+            )
+        };
+        if rc != 0 {
+            return Err(Error::Truncated.into());
+        }
+    }
     match outcome {
         Outcome::Consumed => {
-            crate::maps::count(Counter::Contributions);
+            tally.count(Counter::Contributions);
             Ok(Verdict::new(Counter::Consumed, XDP_DROP))
         }
         Outcome::Completed(r) => {
-            crate::maps::count(Counter::Contributions);
+            tally.count(Counter::Contributions);
             if XINA_DEBUG.load() != 0 {
                 debug!(
                     ctx,
-                    "job {} seq {} complete, bitmap {:x}", job_id, seq, r.bitmap
+                    "job {} seq {} complete, bitmap {:x}", p.job, p.seq, r.bitmap
                 );
             }
             make_result(ctx, &r, 0)?;
-            // Every port gets a copy; `xina_egress` keeps those with a member.
+            // Every port gets a copy; `xina_egress` keeps those with a member
+            // and turns the copies for non-root members into notices.
             let action = PORTS
                 .redirect(0, u64::from(BPF_F_BROADCAST))
                 .map_err(|_| Error::Redirect)?;
@@ -108,17 +197,20 @@ pub fn try_switch(ctx: &XdpContext) -> Result<Verdict, Verdict> {
             if XINA_DEBUG.load() != 0 {
                 debug!(
                     ctx,
-                    "job {} seq {} rank {} answered from cache", job_id, seq, rank
+                    "job {} seq {} rank {} answered from cache", p.job, p.seq, p.rank
                 );
             }
             make_result(ctx, &r, Flags::FROM_CACHE)?;
+            if p.mode != u32::from(mode::ALLREDUCE) && p.rank != r.root {
+                make_notice(ctx)?;
+            }
             // Back to the sender, who sits behind the ingress port.
             let dst_mac = packet::get::<6>(ctx, ETH_DST)?;
             let src_mac = packet::get::<6>(ctx, ETH_SRC)?;
             packet::put(ctx, ETH_DST, src_mac)?;
             packet::put(ctx, ETH_SRC, dst_mac)?;
             // SAFETY: a plain helper call with an interface index.
-            let action = unsafe { bpf_redirect(member.ifindex, 0) };
+            let action = unsafe { bpf_redirect(p.ifindex, 0) };
             Ok(Verdict::new(Counter::ReplyFromCache, action as u32))
         }
         Outcome::Duplicate => Err(Error::Duplicate.into()),
@@ -159,4 +251,46 @@ fn make_result(ctx: &XdpContext, r: &slot::Result, extra_flags: u8) -> Result<()
 
     let old = packet::be16_at(ctx, UDP + UDP_CSUM)?;
     packet::set_be16(ctx, UDP + UDP_CSUM, checksum::apply_udp(old, csum))
+}
+
+/// Turns a result into a completion notice: the payload is cut off, the
+/// element count set to 0 and the `NOTICE` flag set. The IPv4 lengths and
+/// checksum are fixed; the UDP checksum is dropped (0: none, legal in IPv4),
+/// since recomputing it would mean summing the payload that was removed.
+#[inline(always)]
+pub fn make_notice(ctx: &XdpContext) -> Result<(), Error> {
+    let count = packet::be16_at(ctx, XINA + field::COUNT.start)?;
+    let size: u16 = if packet::u8_at(ctx, XINA + field::DTYPE)? == DType::I64 as u8 {
+        8
+    } else {
+        4
+    };
+    let cut = count.saturating_mul(size);
+    let flags = packet::u8_at(ctx, XINA + field::FLAGS)?;
+    packet::put(ctx, XINA + field::FLAGS, [flags | Flags::NOTICE])?;
+    packet::set_be16(ctx, XINA + field::COUNT.start, 0)?;
+    packet::set_be16(ctx, UDP + UDP_CSUM, 0)?;
+    let udp_len = packet::be16_at(ctx, UDP + xina_proto::net::UDP_LEN)?;
+    packet::set_be16(
+        ctx,
+        UDP + xina_proto::net::UDP_LEN,
+        udp_len.wrapping_sub(cut),
+    )?;
+    let total = packet::be16_at(ctx, IP + xina_proto::net::IPV4_TOTAL_LEN)?;
+    let new_total = total.wrapping_sub(cut);
+    packet::set_be16(ctx, IP + xina_proto::net::IPV4_TOTAL_LEN, new_total)?;
+    let csum = packet::be16_at(ctx, IP + xina_proto::net::IPV4_CSUM)?;
+    let acc = checksum::replace16(0, total, new_total);
+    packet::set_be16(
+        ctx,
+        IP + xina_proto::net::IPV4_CSUM,
+        checksum::apply(csum, acc),
+    )?;
+    // SAFETY: shrinking the frame by the payload length, which the caller's
+    // bounds checks established is present.
+    let rc = unsafe { aya_ebpf::helpers::bpf_xdp_adjust_tail(ctx.ctx.cast(), -i32::from(cut)) };
+    if rc != 0 {
+        return Err(Error::Truncated);
+    }
+    Ok(())
 }

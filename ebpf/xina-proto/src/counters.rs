@@ -19,8 +19,11 @@ pub enum Counter {
     Consumed,
     /// Chunks completed: the completing packet became the result.
     Completed,
-    /// Result copies written by the egress program, one per member.
+    /// Result copies written by the egress program, one per receiving member.
     ResultsSent,
+    /// Completion notices (no payload) written by the egress program, for
+    /// members that are not the chunk's root in reduce and reduce-scatter.
+    NoticesSent,
     /// Retransmitted contributions of a finished chunk, answered to the sender from the slot.
     ReplyFromCache,
     /// A rank contributed twice to a chunk still being aggregated.
@@ -39,19 +42,24 @@ pub enum Counter {
     DropNotMember,
     /// The slot index lies outside the job's slot range.
     DropBadSlot,
-    /// Element count, type or op disagree with the job or with the chunk in the slot.
+    /// Element count, type, op, fan-in or root disagree with the job or with
+    /// the chunk in the slot.
     DropBadShape,
-    /// A contribution for a chunk older than the one its slot holds.
+    /// A contribution for a chunk that is neither the one its slot copy holds
+    /// nor the next one that copy may take (`seq + 2 × slots`).
     DropStale,
     /// The redirect to the job's members failed.
     DropRedirect,
+    /// The aggregation program for the job's type and op is not loaded (a
+    /// control-plane fault; never expected).
+    DropInternal,
     /// A result copy leaving a port on which the job has no member (egress).
     EgressNotMember,
 }
 
 impl Counter {
     /// Number of counters.
-    pub const COUNT: usize = 19;
+    pub const COUNT: usize = 21;
 
     /// Every counter, in index order.
     pub const ALL: [Self; Self::COUNT] = [
@@ -61,6 +69,7 @@ impl Counter {
         Self::Consumed,
         Self::Completed,
         Self::ResultsSent,
+        Self::NoticesSent,
         Self::ReplyFromCache,
         Self::DropDuplicate,
         Self::DropTruncated,
@@ -73,6 +82,7 @@ impl Counter {
         Self::DropBadShape,
         Self::DropStale,
         Self::DropRedirect,
+        Self::DropInternal,
         Self::EgressNotMember,
     ];
 
@@ -85,6 +95,7 @@ impl Counter {
             Self::Consumed => "consumed",
             Self::Completed => "completed",
             Self::ResultsSent => "results_sent",
+            Self::NoticesSent => "notices_sent",
             Self::ReplyFromCache => "reply_from_cache",
             Self::DropDuplicate => "drop_duplicate",
             Self::DropTruncated => "drop_truncated",
@@ -97,6 +108,7 @@ impl Counter {
             Self::DropBadShape => "drop_bad_shape",
             Self::DropStale => "drop_stale",
             Self::DropRedirect => "drop_redirect",
+            Self::DropInternal => "drop_internal",
             Self::EgressNotMember => "egress_not_member",
         }
     }
@@ -105,7 +117,11 @@ impl Counter {
     pub const fn is_ingress_outcome(self) -> bool {
         !matches!(
             self,
-            Self::RxPackets | Self::Contributions | Self::ResultsSent | Self::EgressNotMember
+            Self::RxPackets
+                | Self::Contributions
+                | Self::ResultsSent
+                | Self::NoticesSent
+                | Self::EgressNotMember
         )
     }
 }

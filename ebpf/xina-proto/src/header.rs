@@ -14,7 +14,7 @@
 //! +---------------+---------------+---------------+---------------+
 //! |V|                         slot index                          | 16
 //! +---------------+---------------+---------------+---------------+
-//! |         element count         |   exponent    |   reserved    | 20
+//! |         element count         |   exponent    |     root      | 20
 //! +---------------+---------------+---------------+---------------+
 //! |                                                               | 24
 //! +                     rank bitmap (64 bits)                     +
@@ -36,11 +36,14 @@
 //!   and which of its two copies (the version, or shadow, bit) holds the chunk.
 //! - `element count`: number of payload elements.
 //! - `exponent`: the power-of-two scale of fixed-point floats (signed).
+//! - `root`: the rank that receives this chunk's result in the reduce and
+//!   reduce-scatter delivery modes (every rank of a chunk must name the same
+//!   root); ignored for allreduce.
 //! - `rank bitmap`: in a result, the ranks that contributed.
 
 use core::fmt;
 
-use crate::{MAGIC, MAX_ELEMS, VERSION};
+use crate::{MAGIC, MAX_PAYLOAD, VERSION};
 
 /// Byte ranges and offsets of the header fields, relative to the header start.
 pub mod field {
@@ -60,7 +63,7 @@ pub mod field {
     pub const SLOT: Field = 16..20;
     pub const COUNT: Field = 20..22;
     pub const EXPONENT: usize = 22;
-    pub const RESERVED: usize = 23;
+    pub const ROOT: usize = 23;
     pub const BITMAP: Field = 24..32;
     /// Where the payload starts.
     pub const PAYLOAD: usize = 32;
@@ -150,6 +153,11 @@ impl DType {
             Self::I64 => 8,
         }
     }
+
+    /// Most elements of this type in one packet ([`MAX_PAYLOAD`] bytes).
+    pub const fn max_elems(self) -> usize {
+        MAX_PAYLOAD / self.size()
+    }
 }
 
 /// Bits of the `flags` byte.
@@ -164,6 +172,10 @@ impl Flags {
     /// The switch answered from the slot's stored result (a retransmission
     /// whose result had already been sent).
     pub const FROM_CACHE: u8 = 0x04;
+    /// A completion notice: the chunk is complete but its result went to the
+    /// chunk's root (reduce, reduce-scatter), so no payload follows and the
+    /// element count is 0.
+    pub const NOTICE: u8 = 0x08;
 
     /// Whether every bit of `bits` is set.
     pub const fn contains(self, bits: u8) -> bool {
@@ -186,7 +198,7 @@ pub enum Error {
     UnknownOp(u8),
     /// The dtype byte names no [`DType`].
     UnknownDType(u8),
-    /// The element count exceeds [`MAX_ELEMS`].
+    /// The payload would exceed [`MAX_PAYLOAD`] bytes.
     TooManyElements(u16),
 }
 
@@ -202,7 +214,10 @@ impl fmt::Display for Error {
             Self::UnknownOp(o) => write!(f, "unknown xina op {o}"),
             Self::UnknownDType(d) => write!(f, "unknown xina element type {d}"),
             Self::TooManyElements(n) => {
-                write!(f, "{n} elements in one packet (at most {MAX_ELEMS})")
+                write!(
+                    f,
+                    "{n} elements do not fit one packet ({MAX_PAYLOAD} payload bytes)"
+                )
             }
         }
     }
@@ -271,7 +286,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn payload_len(&self) -> Result<usize, Error> {
         let dtype = DType::from_u8(self.dtype()).ok_or(Error::UnknownDType(self.dtype()))?;
         let count = self.count();
-        if usize::from(count) > MAX_ELEMS {
+        if usize::from(count) > dtype.max_elems() {
             return Err(Error::TooManyElements(count));
         }
         Ok(usize::from(count) * dtype.size())
@@ -336,6 +351,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn bitmap(&self) -> u64 {
         be_get!(u64, self.data(), field::BITMAP)
     }
+    pub fn root(&self) -> u8 {
+        self.data()[field::ROOT]
+    }
 
     /// The payload bytes announced by the header.
     ///
@@ -344,6 +362,16 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn payload(&self) -> &[u8] {
         let len = self.payload_len().unwrap_or(0);
         &self.data()[HEADER_LEN..HEADER_LEN + len]
+    }
+
+    /// Element `i` of an `I64` payload.
+    ///
+    /// # Panics
+    /// If `i` is not below the element count.
+    pub fn i64_at(&self, i: usize) -> i64 {
+        assert!(i < usize::from(self.count()), "element {i} out of range");
+        let at = HEADER_LEN + 8 * i;
+        be_get!(i64, self.data(), at..at + 8)
     }
 
     /// Element `i` of an `I32` payload.
@@ -413,6 +441,18 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn set_bitmap(&mut self, v: u64) {
         self.data_mut()[field::BITMAP].copy_from_slice(&v.to_be_bytes());
     }
+    pub fn set_root(&mut self, v: u8) {
+        self.data_mut()[field::ROOT] = v;
+    }
+
+    /// Sets element `i` of an `I64` payload.
+    ///
+    /// # Panics
+    /// If the buffer does not reach element `i`.
+    pub fn set_i64_at(&mut self, i: usize, v: i64) {
+        let at = HEADER_LEN + 8 * i;
+        self.data_mut()[at..at + 8].copy_from_slice(&v.to_be_bytes());
+    }
 
     /// Sets element `i` of an `I32` payload.
     ///
@@ -450,6 +490,8 @@ pub struct Repr {
     pub slot_version: bool,
     pub count: u16,
     pub exponent: i8,
+    /// Destination rank for reduce and reduce-scatter.
+    pub root: u8,
     pub bitmap: u64,
 }
 
@@ -468,7 +510,7 @@ impl Repr {
         let kind = Kind::from_u8(packet.kind()).ok_or(Error::UnknownKind(packet.kind()))?;
         let op = Op::from_u8(packet.op()).ok_or(Error::UnknownOp(packet.op()))?;
         let dtype = DType::from_u8(packet.dtype()).ok_or(Error::UnknownDType(packet.dtype()))?;
-        if usize::from(packet.count()) > MAX_ELEMS {
+        if usize::from(packet.count()) > dtype.max_elems() {
             return Err(Error::TooManyElements(packet.count()));
         }
         Ok(Self {
@@ -484,6 +526,7 @@ impl Repr {
             slot_version: packet.slot_version(),
             count: packet.count(),
             exponent: packet.exponent(),
+            root: packet.root(),
             bitmap: packet.bitmap(),
         })
     }
@@ -516,7 +559,7 @@ impl Repr {
         packet.set_slot(self.slot, self.slot_version);
         packet.set_count(self.count);
         packet.set_exponent(self.exponent);
-        packet.data_mut()[field::RESERVED] = 0;
+        packet.set_root(self.root);
         packet.set_bitmap(self.bitmap);
     }
 }
@@ -524,6 +567,7 @@ impl Repr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MAX_PAYLOAD;
     use proptest::prelude::*;
 
     fn sample() -> Repr {
@@ -540,6 +584,7 @@ mod tests {
             slot_version: true,
             count: 3,
             exponent: -7,
+            root: 0x42,
             bitmap: 0x8000_0000_0000_0021,
         }
     }
@@ -556,7 +601,7 @@ mod tests {
             0x05, 0x08, 0x00, 0x00, // rank, fan-in, op, dtype
             0xa0, 0xb0, 0xc0, 0xd0, // seq
             0x80, 0x11, 0x22, 0x33, // V + slot
-            0x00, 0x03, 0xf9, 0x00, // count, exponent, reserved
+            0x00, 0x03, 0xf9, 0x42, // count, exponent, root
             0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x21, // bitmap
         ];
         assert_eq!(&buf[..HEADER_LEN], &expected);
@@ -597,10 +642,16 @@ mod tests {
             assert_eq!(got, Err(err), "byte {at} = {value}");
         }
         let mut big = buf;
-        big[field::COUNT].copy_from_slice(&300u16.to_be_bytes());
+        big[field::COUNT].copy_from_slice(&361u16.to_be_bytes());
         assert_eq!(
             Packet::new_checked(&big[..]).unwrap_err(),
-            Error::TooManyElements(300)
+            Error::TooManyElements(361)
+        );
+        big[field::DTYPE] = DType::I64 as u8;
+        big[field::COUNT].copy_from_slice(&181u16.to_be_bytes());
+        assert_eq!(
+            Packet::new_checked(&big[..]).unwrap_err(),
+            Error::TooManyElements(181)
         );
     }
 
@@ -619,13 +670,13 @@ mod tests {
                 any::<u32>(),
                 0u32..SLOT_VERSION_BIT,
                 any::<bool>(),
-                0u16..=256,
+                0u16..=180,
                 any::<i8>(),
             ),
-            any::<u64>(),
+            (any::<u8>(), any::<u64>()),
         )
             .prop_map(
-                |((k, fl, job, rank, fan_in, op, dt), (seq, slot, v, count, e), bm)| Repr {
+                |((k, fl, job, rank, fan_in, op, dt), (seq, slot, v, count, e), (root, bm))| Repr {
                     kind: Kind::from_u8(k).unwrap(),
                     flags: Flags(fl),
                     job,
@@ -638,6 +689,7 @@ mod tests {
                     slot_version: v,
                     count,
                     exponent: e,
+                    root,
                     bitmap: bm,
                 },
             )
@@ -646,7 +698,7 @@ mod tests {
     proptest! {
         #[test]
         fn repr_round_trips(repr in any_repr()) {
-            let mut buf = [0u8; HEADER_LEN + MAX_ELEMS * 8];
+            let mut buf = [0u8; HEADER_LEN + MAX_PAYLOAD];
             let mut p = Packet::new_unchecked(&mut buf[..repr.buffer_len()]);
             repr.emit(&mut p);
             let p = Packet::new_checked(&buf[..repr.buffer_len()]).unwrap();
@@ -655,10 +707,10 @@ mod tests {
         }
 
         #[test]
-        fn i32_elements_round_trip(values in proptest::collection::vec(any::<i32>(), 0..=256)) {
+        fn i32_elements_round_trip(values in proptest::collection::vec(any::<i32>(), 0..=360)) {
             let mut repr = sample();
             repr.count = u16::try_from(values.len()).unwrap();
-            let mut buf = [0u8; HEADER_LEN + MAX_ELEMS * 4];
+            let mut buf = [0u8; HEADER_LEN + MAX_PAYLOAD];
             let mut p = Packet::new_unchecked(&mut buf[..repr.buffer_len()]);
             repr.emit(&mut p);
             for (i, v) in values.iter().enumerate() {
@@ -667,6 +719,23 @@ mod tests {
             let p = Packet::new_checked(&buf[..repr.buffer_len()]).unwrap();
             for (i, v) in values.iter().enumerate() {
                 prop_assert_eq!(p.i32_at(i), *v);
+            }
+        }
+
+        #[test]
+        fn i64_elements_round_trip(values in proptest::collection::vec(any::<i64>(), 0..=180)) {
+            let mut repr = sample();
+            repr.dtype = DType::I64;
+            repr.count = u16::try_from(values.len()).unwrap();
+            let mut buf = [0u8; HEADER_LEN + MAX_PAYLOAD];
+            let mut p = Packet::new_unchecked(&mut buf[..repr.buffer_len()]);
+            repr.emit(&mut p);
+            for (i, v) in values.iter().enumerate() {
+                p.set_i64_at(i, *v);
+            }
+            let p = Packet::new_checked(&buf[..repr.buffer_len()]).unwrap();
+            for (i, v) in values.iter().enumerate() {
+                prop_assert_eq!(p.i64_at(i), *v);
             }
         }
     }

@@ -36,7 +36,13 @@ pub const VERSION: u8 = 1;
 /// Most ranks a job can have: the width of the rank bitmap.
 pub const MAX_RANKS: usize = 64;
 
-/// Most elements one aggregation packet carries, and the capacity of one
-/// aggregator slot. 256 `int32` values (1 KiB) fit a 1500-byte MTU with room
-/// to spare and match the figure of `SwitchML`.
-pub const MAX_ELEMS: usize = 256;
+/// The IP MTU every xina packet must fit: a standard Ethernet payload.
+pub const MTU: usize = 1500;
+
+/// Most payload bytes in one packet: the MTU less the IPv4, UDP and xina
+/// headers (1,440 bytes).
+pub const MAX_PAYLOAD: usize = MTU - net::IPV4_HLEN - net::UDP_HLEN - header::HEADER_LEN;
+
+/// Most elements one packet carries (`int32`: 360; `int64` carries
+/// [`DType::max_elems`] = 180), and the capacity of one aggregator slot.
+pub const MAX_ELEMS: usize = MAX_PAYLOAD / 4;

@@ -20,6 +20,12 @@ pub mod names {
     pub const PORTS: &str = "PORTS";
     /// `PerCpuArray<u64>`: counters indexed by [`crate::counters::Counter`].
     pub const COUNTERS: &str = "COUNTERS";
+    /// `PerCpuHashMap<u32, CounterBlock>`: counters of each installed job.
+    pub const JOB_COUNTERS: &str = "JOB_COUNTERS";
+    /// `PerCpuHashMap<u32, CounterBlock>`: counters of each port, by ifindex.
+    pub const PORT_COUNTERS: &str = "PORT_COUNTERS";
+    /// `ProgramArray`: the aggregation programs ([`super::programs::AGGREGATE`]).
+    pub const AGGREGATE: &str = "AGGREGATE";
     /// `Array<u32>` with one entry: the egress ifindex the test entry point
     /// of the egress program pretends to run on.
     pub const TEST_EGRESS_IFINDEX: &str = "TEST_EGRESS_IFINDEX";
@@ -34,14 +40,46 @@ pub mod programs {
     /// Plain XDP wrapper of the egress logic for `BPF_PROG_TEST_RUN`, which
     /// cannot run devmap programs.
     pub const EGRESS_TEST: &str = "xina_egress_test";
+    /// `XDP_DROP` and nothing else: the baseline of `xina-testbed bench switch`.
+    pub const DROP: &str = "xina_drop";
+    /// The aggregation programs `xina_switch` tail-calls, at index
+    /// `4 × (3 × dtype + op) + class` of the `AGGREGATE` program array, where
+    /// the size class is the job's elements per packet rounded up to 64,
+    /// 128, 256 or 360 (each program's loops run that many times).
+    pub const AGGREGATE: [&str; 24] = [
+        "xina_agg_i32_sum_64",
+        "xina_agg_i32_sum_128",
+        "xina_agg_i32_sum_256",
+        "xina_agg_i32_sum_360",
+        "xina_agg_i32_max_64",
+        "xina_agg_i32_max_128",
+        "xina_agg_i32_max_256",
+        "xina_agg_i32_max_360",
+        "xina_agg_i32_min_64",
+        "xina_agg_i32_min_128",
+        "xina_agg_i32_min_256",
+        "xina_agg_i32_min_360",
+        "xina_agg_i64_sum_64",
+        "xina_agg_i64_sum_128",
+        "xina_agg_i64_sum_256",
+        "xina_agg_i64_sum_360",
+        "xina_agg_i64_max_64",
+        "xina_agg_i64_max_128",
+        "xina_agg_i64_max_256",
+        "xina_agg_i64_max_360",
+        "xina_agg_i64_min_64",
+        "xina_agg_i64_min_128",
+        "xina_agg_i64_min_256",
+        "xina_agg_i64_min_360",
+    ];
 }
 
 /// Capacity of the `PORTS` devmap: most ports one switch can have.
 pub const MAX_PORTS: u32 = 64;
-/// Capacity of the `JOBS` map.
-pub const MAX_JOBS: u32 = 1024;
+/// Capacity of the `JOBS` map: concurrent jobs (tenants) one switch holds.
+pub const MAX_JOBS: u32 = 4096;
 /// Capacity of the `MEMBERS` and `PORT_MEMBERS` maps.
-pub const MAX_MEMBERS: u32 = 16 * 1024;
+pub const MAX_MEMBERS: u32 = 64 * 1024;
 /// Default number of slots in the pool (each has two copies in `SLOTS`).
 pub const DEFAULT_SLOT_POOL: u32 = 4096;
 
@@ -49,7 +87,18 @@ pub const DEFAULT_SLOT_POOL: u32 = 4096;
 pub mod mode {
     /// The result goes to every member.
     pub const ALLREDUCE: u8 = 0;
+    /// The result goes to the chunk's root (the header's `root` rank, the
+    /// same for every chunk of a call); every other member gets a completion
+    /// notice without payload.
+    pub const REDUCE: u8 = 1;
+    /// Like [`REDUCE`], but each chunk names its own root (its owner), so the
+    /// result is scattered over the ranks.
+    pub const REDUCE_SCATTER: u8 = 2;
 }
+
+/// One counter of each kind, indexed by [`crate::counters::Counter`]: the
+/// value of the per-job and per-port counter maps.
+pub type CounterBlock = [u64; crate::counters::Counter::COUNT];
 
 /// An installed job (tenant).
 #[repr(C)]
@@ -133,7 +182,12 @@ pub mod slot_state {
 /// header's version bit): while chunk `s + W` accumulates in one, the other
 /// still holds the result of chunk `s` for ranks that retransmit.
 ///
-/// Memory: 1,056 bytes per copy, 2,112 bytes per slot.
+/// Values are kept as `i64` whatever the job's element type: `int32` sums
+/// accumulate without overflow (64 ranks of `int32` cannot overflow an
+/// `i64`) and are clamped once, when the chunk completes, so the result does
+/// not depend on the order contributions arrive in.
+///
+/// Memory: 2,912 bytes per copy, 5,824 bytes per slot.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slot {
@@ -149,9 +203,10 @@ pub struct Slot {
     pub bitmap: u64,
     /// [`crate::Flags`] bits of the result (overflow).
     pub flags: u32,
-    pub _pad: u32,
+    /// The chunk's root rank (reduce, reduce-scatter).
+    pub root: u32,
     /// Running combination, host byte order.
-    pub values: [i32; MAX_ELEMS],
+    pub values: [i64; MAX_ELEMS],
 }
 
 impl Default for Slot {
@@ -163,7 +218,7 @@ impl Default for Slot {
             count: 0,
             bitmap: 0,
             flags: 0,
-            _pad: 0,
+            root: 0,
             values: [0; MAX_ELEMS],
         }
     }
@@ -175,7 +230,7 @@ const _: () = {
     assert!(size_of::<PortKey>() == 8);
     assert!(size_of::<Member>() == 28);
     assert!(size_of::<bpf_spin_lock>() == 4);
-    assert!(size_of::<Slot>() == 32 + 4 * MAX_ELEMS);
+    assert!(size_of::<Slot>() == 32 + 8 * MAX_ELEMS);
 };
 
 #[cfg(feature = "user")]

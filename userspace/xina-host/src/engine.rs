@@ -727,6 +727,8 @@ impl<'a> Allreduce<'a> {
             slot_version,
             count: u16::try_from(range.len()).expect("a chunk holds at most MAX_ELEMS elements"),
             exponent: 0,
+            // Allreduce: every rank receives every chunk, no root.
+            root: 0,
             bitmap: 1 << self.member.rank,
         };
         let mut packet = Packet::new_unchecked(&mut buf[..len]);
@@ -1191,14 +1193,14 @@ mod tests {
                     elems_per_packet: 0,
                     ..ok
                 },
-                "job 9: 0 elements per packet is out of range 1..=256",
+                "job 9: 0 elements per packet is out of range 1..=360",
             ),
             (
                 Member {
-                    elems_per_packet: 257,
+                    elems_per_packet: 361,
                     ..ok
                 },
-                "job 9: 257 elements per packet is out of range 1..=256",
+                "job 9: 361 elements per packet is out of range 1..=360",
             ),
             (
                 Member { slots: 0, ..ok },

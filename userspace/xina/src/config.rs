@@ -8,7 +8,10 @@
 //!
 //! [[jobs]]
 //! id = 7
-//! elems_per_packet = 256      # int32 elements per packet, 1..=256
+//! op = "sum"                  # sum | max | min
+//! dtype = "i32"               # i32 | i64
+//! mode = "allreduce"          # allreduce | reduce | reduce-scatter
+//! elems_per_packet = 256      # elements per packet: 1..=360 (i32), 1..=180 (i64)
 //! slot_base = 0               # the job's private slot range in the pool
 //! slot_count = 64             # = the workers' window of chunks in flight
 //!
@@ -27,9 +30,9 @@
 use std::{collections::HashSet, fmt, net::Ipv4Addr};
 
 use serde::Deserialize;
-use xina_proto::{DType, MAX_ELEMS, MAX_RANKS, Op, maps::MAX_PORTS};
+use xina_proto::{DType, MAX_RANKS, Op, maps::MAX_PORTS};
 
-use crate::dataplane::{JobSpec, MemberSpec};
+use crate::dataplane::{JobSpec, MemberSpec, Mode};
 
 /// Largest slot pool accepted: 262,144 slots are 553 MB of kernel memory.
 pub const MAX_SLOT_POOL: u32 = 1 << 18;
@@ -83,22 +86,74 @@ fn default_slot_pool() -> u32 {
 #[serde(deny_unknown_fields)]
 pub struct Job {
     pub id: u32,
-    #[serde(default = "default_op")]
-    pub op: String,
-    #[serde(default = "default_dtype")]
-    pub dtype: String,
+    #[serde(default)]
+    pub op: OpName,
+    #[serde(default)]
+    pub dtype: DTypeName,
+    #[serde(default)]
+    pub mode: ModeName,
     pub elems_per_packet: u16,
     pub slot_base: u32,
     pub slot_count: u32,
     pub members: Vec<Member>,
 }
 
-fn default_op() -> String {
-    "sum".to_owned()
+/// `op = "sum" | "max" | "min"`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OpName {
+    #[default]
+    Sum,
+    Max,
+    Min,
 }
 
-fn default_dtype() -> String {
-    "i32".to_owned()
+impl From<OpName> for Op {
+    fn from(o: OpName) -> Self {
+        match o {
+            OpName::Sum => Self::Sum,
+            OpName::Max => Self::Max,
+            OpName::Min => Self::Min,
+        }
+    }
+}
+
+/// `dtype = "i32" | "i64"`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DTypeName {
+    #[default]
+    I32,
+    I64,
+}
+
+impl From<DTypeName> for DType {
+    fn from(d: DTypeName) -> Self {
+        match d {
+            DTypeName::I32 => Self::I32,
+            DTypeName::I64 => Self::I64,
+        }
+    }
+}
+
+/// `mode = "allreduce" | "reduce" | "reduce-scatter"`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModeName {
+    #[default]
+    Allreduce,
+    Reduce,
+    ReduceScatter,
+}
+
+impl From<ModeName> for Mode {
+    fn from(m: ModeName) -> Self {
+        match m {
+            ModeName::Allreduce => Self::Allreduce,
+            ModeName::Reduce => Self::Reduce,
+            ModeName::ReduceScatter => Self::ReduceScatter,
+        }
+    }
 }
 
 /// A `[[jobs.members]]` entry.
@@ -217,24 +272,13 @@ impl Config {
             if !ids.insert(job.id) {
                 return Err(err(at("id"), format!("job {} is defined twice", job.id)));
             }
-            if job.op != "sum" {
-                return Err(err(
-                    at("op"),
-                    format!("{:?} is not supported yet (only \"sum\")", job.op),
-                ));
-            }
-            if job.dtype != "i32" {
-                return Err(err(
-                    at("dtype"),
-                    format!("{:?} is not supported yet (only \"i32\")", job.dtype),
-                ));
-            }
-            if job.elems_per_packet == 0 || usize::from(job.elems_per_packet) > MAX_ELEMS {
+            let max = DType::from(job.dtype).max_elems();
+            if job.elems_per_packet == 0 || usize::from(job.elems_per_packet) > max {
                 return Err(err(
                     at("elems_per_packet"),
                     format!(
-                        "{} (must be 1..={MAX_ELEMS}, so a packet fits a 1500-byte MTU)",
-                        job.elems_per_packet
+                        "{} (must be 1..={max} for {:?}, so a packet fits a 1500-byte MTU)",
+                        job.elems_per_packet, job.dtype
                     ),
                 ));
             }
@@ -364,8 +408,9 @@ impl Config {
             members.sort_by_key(|m| m.rank);
             jobs.push(JobSpec {
                 id: job.id,
-                op: Op::Sum,
-                dtype: DType::I32,
+                op: job.op.into(),
+                dtype: job.dtype.into(),
+                mode: job.mode.into(),
                 elems_per_packet: job.elems_per_packet,
                 slot_base: job.slot_base,
                 slot_count: job.slot_count,
@@ -451,8 +496,8 @@ interface = "sp0"
             ("slot_count = 64", "slot_count = 0", "jobs[0].slot_count: 0"),
             (
                 "elems_per_packet = 256",
-                "elems_per_packet = 300",
-                "jobs[0].elems_per_packet: 300",
+                "elems_per_packet = 361",
+                "jobs[0].elems_per_packet: 361",
             ),
             (
                 "elems_per_packet = 256",
@@ -496,8 +541,23 @@ interface = "sp0"
             ),
             (
                 "id = 7",
-                "id = 7\nop = \"max\"",
-                "jobs[0].op: \"max\" is not supported yet",
+                "id = 7\nop = \"avg\"",
+                "(op): unknown variant `avg`, expected one of `sum`, `max`, `min`",
+            ),
+            (
+                "id = 7",
+                "id = 7\nmode = \"gather\"",
+                "(mode): unknown variant `gather`, expected one of `allreduce`, `reduce`, `reduce-scatter`",
+            ),
+            (
+                "id = 7",
+                "id = 7\ndtype = \"f16\"",
+                "(dtype): unknown variant `f16`",
+            ),
+            (
+                "elems_per_packet = 256",
+                "elems_per_packet = 200\ndtype = \"i64\"",
+                "jobs[0].elems_per_packet: 200 (must be 1..=180 for I64",
             ),
             ("id = 7", "id = 7\ncolour = 3", "unknown field `colour`"),
             (

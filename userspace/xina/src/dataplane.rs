@@ -13,14 +13,17 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, DevMap, HashMap, MapData, PerCpuArray},
+    maps::{
+        Array, DevMap, HashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, ProgramArray,
+    },
     programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
 };
 use xina_proto::{
-    DType, MAX_ELEMS, MAX_RANKS, Op,
+    DType, MAX_RANKS, Op,
     counters::Counter,
     maps::{
-        DEFAULT_SLOT_POOL, Job, MAX_PORTS, Member, MemberKey, PortKey, Slot, mode, names, programs,
+        CounterBlock, DEFAULT_SLOT_POOL, Job, MAX_PORTS, Member, MemberKey, PortKey, Slot, mode,
+        names, programs,
     },
 };
 
@@ -114,12 +117,37 @@ pub struct MemberSpec {
     pub port_mac: [u8; 6],
 }
 
+/// Where a job's results go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Every member gets every chunk's result.
+    #[default]
+    Allreduce,
+    /// The chunk's root (named in the header) gets the result; the others a
+    /// completion notice.
+    Reduce,
+    /// Like `Reduce`, with each chunk naming its own root (its owner).
+    ReduceScatter,
+}
+
+impl Mode {
+    /// The value stored in the dataplane's job entry.
+    pub const fn wire(self) -> u8 {
+        match self {
+            Self::Allreduce => mode::ALLREDUCE,
+            Self::Reduce => mode::REDUCE,
+            Self::ReduceScatter => mode::REDUCE_SCATTER,
+        }
+    }
+}
+
 /// A job, resolved to what the dataplane stores.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobSpec {
     pub id: u32,
     pub op: Op,
     pub dtype: DType,
+    pub mode: Mode,
     pub elems_per_packet: u16,
     pub slot_base: u32,
     pub slot_count: u32,
@@ -143,6 +171,17 @@ pub struct Counters(pub [u64; Counter::COUNT]);
 impl Counters {
     pub fn get(&self, c: Counter) -> u64 {
         self.0[c as usize]
+    }
+
+    /// Sums per-CPU counter blocks.
+    fn from_per_cpu(values: &PerCpuValues<CounterBlock>) -> Self {
+        let mut out = Self::default();
+        for block in values.iter() {
+            for (o, v) in out.0.iter_mut().zip(block) {
+                *o += v;
+            }
+        }
+        out
     }
 
     /// Counters that changed since `before`.
@@ -211,7 +250,13 @@ impl Dataplane {
         } else {
             None
         };
-        for name in [programs::SWITCH, programs::EGRESS, programs::EGRESS_TEST] {
+        let names = [
+            programs::SWITCH,
+            programs::EGRESS,
+            programs::EGRESS_TEST,
+            programs::DROP,
+        ];
+        for name in names.into_iter().chain(programs::AGGREGATE) {
             xdp_mut(&mut ebpf, name)?
                 .load()
                 .map_err(|source| Error::Program {
@@ -219,6 +264,28 @@ impl Dataplane {
                     what: "load",
                     source,
                 })?;
+        }
+        // The aggregation programs `xina_switch` tail-calls, by index.
+        for (index, name) in (0u32..).zip(programs::AGGREGATE) {
+            let fd = xdp_mut(&mut ebpf, name)?
+                .fd()
+                .map_err(|source| Error::Program {
+                    name,
+                    what: "fd",
+                    source,
+                })?
+                .try_clone()
+                .map_err(|e| Error::Program {
+                    name,
+                    what: "fd",
+                    source: ProgramError::IOError(e),
+                })?;
+            let mut array: ProgramArray<&mut MapData> = map_mut(&mut ebpf, names::AGGREGATE)?;
+            array.set(index, &fd, 0).map_err(|source| Error::Map {
+                name: names::AGGREGATE,
+                what: format!("entry {index} ({name})"),
+                source,
+            })?;
         }
         Ok(Self {
             ebpf,
@@ -285,12 +352,14 @@ impl Dataplane {
                 ifname: ifname.to_owned(),
                 source,
             })?;
+        self.reset_counter_block(names::PORT_COUNTERS, ifindex)?;
         let attached = xdp_mut(&mut self.ebpf, programs::SWITCH)?.attach_to_if_index(ifindex, mode);
         let link = match attached {
             Ok(link) => link,
             Err(source) => {
-                // Leave the devmap as it was: the port does not exist.
+                // Leave the maps as they were: the port does not exist.
                 self.clear_port_slot(index);
+                self.remove_counter_block(names::PORT_COUNTERS, ifindex);
                 return Err(Error::Attach {
                     ifname: ifname.to_owned(),
                     mode,
@@ -325,7 +394,75 @@ impl Dataplane {
                 log::warn!("detaching from {}: {e}", port.name);
             }
             self.clear_port_slot(u32::try_from(index).expect("at most MAX_PORTS ports"));
+            self.remove_counter_block(names::PORT_COUNTERS, port.ifindex);
         }
+    }
+
+    /// Creates (or zeroes) the counter block `key` of a per-job or per-port map.
+    fn reset_counter_block(&mut self, name: &'static str, key: u32) -> Result<(), Error> {
+        let cpus = aya::util::nr_cpus().map_err(|(what, e)| Error::Map {
+            name,
+            what: format!("{what}: {e}"),
+            source: aya::maps::MapError::InvalidName {
+                name: name.to_owned(),
+            },
+        })?;
+        let zero =
+            PerCpuValues::try_from(vec![[0u64; Counter::COUNT]; cpus]).map_err(|e| Error::Map {
+                name,
+                what: format!("per-CPU values: {e}"),
+                source: aya::maps::MapError::InvalidName {
+                    name: name.to_owned(),
+                },
+            })?;
+        let mut map: PerCpuHashMap<&mut MapData, u32, CounterBlock> =
+            map_mut(&mut self.ebpf, name)?;
+        map.insert(key, zero, 0).map_err(|source| Error::Map {
+            name,
+            what: format!("entry {key}"),
+            source,
+        })
+    }
+
+    fn remove_counter_block(&mut self, name: &'static str, key: u32) {
+        if let Ok(mut map) =
+            map_mut::<PerCpuHashMap<&mut MapData, u32, CounterBlock>>(&mut self.ebpf, name)
+        {
+            let _ = map.remove(&key);
+        }
+    }
+
+    fn counter_block(&self, name: &'static str, key: u32) -> Result<Counters, Error> {
+        let map: PerCpuHashMap<&MapData, u32, CounterBlock> = map_ref(&self.ebpf, name)?;
+        let values = map.get(&key, 0).map_err(|source| Error::Map {
+            name,
+            what: format!("reading entry {key}"),
+            source,
+        })?;
+        Ok(Counters::from_per_cpu(&values))
+    }
+
+    /// The counters of installed job `id`, summed over CPUs.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchJob`], or when the map cannot be read.
+    pub fn job_counters(&self, id: u32) -> Result<Counters, Error> {
+        if !self.jobs.contains_key(&id) {
+            return Err(Error::NoSuchJob(id));
+        }
+        self.counter_block(names::JOB_COUNTERS, id)
+    }
+
+    /// The counters of the port with this ifindex, summed over CPUs: what it
+    /// received (ingress) and the result copies that left through it (egress).
+    ///
+    /// # Errors
+    /// When the port is not attached or the map cannot be read.
+    pub fn port_counters(&self, ifindex: u32) -> Result<Counters, Error> {
+        if !self.ports.iter().any(|p| p.ifindex == ifindex) {
+            return Err(Error::UnknownInterface(format!("ifindex {ifindex}")));
+        }
+        self.counter_block(names::PORT_COUNTERS, ifindex)
     }
 
     /// Installs a job: its slots are cleared, its members and then the job
@@ -371,22 +508,11 @@ impl Dataplane {
                 )));
             }
         }
-        if job.dtype != DType::I32 {
+        let max = job.dtype.max_elems();
+        if job.elems_per_packet == 0 || usize::from(job.elems_per_packet) > max {
             return Err(bad(format!(
-                "element type {:?} is not supported by this dataplane yet",
-                job.dtype
-            )));
-        }
-        if job.op != Op::Sum {
-            return Err(bad(format!(
-                "op {:?} is not supported by this dataplane yet",
-                job.op
-            )));
-        }
-        if job.elems_per_packet == 0 || usize::from(job.elems_per_packet) > MAX_ELEMS {
-            return Err(bad(format!(
-                "elems_per_packet {} (must be 1..={MAX_ELEMS})",
-                job.elems_per_packet
+                "elems_per_packet {} (must be 1..={max} for {:?})",
+                job.elems_per_packet, job.dtype
             )));
         }
         let end = u64::from(job.slot_base) + u64::from(job.slot_count);
@@ -453,7 +579,7 @@ impl Dataplane {
             fan_in,
             op: job.op as u8,
             dtype: job.dtype as u8,
-            mode: mode::ALLREDUCE,
+            mode: job.mode.wire(),
             elems: job.elems_per_packet,
             _pad: 0,
             slot_base: job.slot_base,
@@ -464,6 +590,7 @@ impl Dataplane {
                 (1u64 << fan_in) - 1
             },
         };
+        self.reset_counter_block(names::JOB_COUNTERS, job.id)?;
         // The job entry goes last: until it exists, no packet reaches the slots.
         let mut jobs: HashMap<&mut MapData, u32, Job> = map_mut(&mut self.ebpf, names::JOBS)?;
         jobs.insert(job.id, value, 0)
@@ -472,6 +599,7 @@ impl Dataplane {
 
     /// Removes whatever the dataplane holds of `job` (ignoring absent entries).
     fn erase_job(&mut self, job: &JobSpec) {
+        self.remove_counter_block(names::JOB_COUNTERS, job.id);
         if let Ok(mut jobs) =
             map_mut::<HashMap<&mut MapData, u32, Job>>(&mut self.ebpf, names::JOBS)
         {
@@ -560,6 +688,45 @@ impl Dataplane {
         )
     }
 
+    /// Runs the `XDP_DROP` baseline program on `frame` `repeat` times; the
+    /// kernel reports the mean duration of one run.
+    ///
+    /// # Errors
+    /// When the kernel refuses the test run.
+    pub fn test_run_drop(
+        &mut self,
+        frame: &[u8],
+        repeat: u32,
+    ) -> Result<(TestOutput, std::time::Duration), Error> {
+        run_timed(
+            xdp_mut(&mut self.ebpf, programs::DROP)?,
+            programs::DROP,
+            frame,
+            0,
+            repeat,
+        )
+    }
+
+    /// Like [`Self::test_run_switch`], `repeat` times, with the kernel's mean
+    /// duration of one run (for benchmarks: the frame's path must not change
+    /// from one run to the next, or the mean mixes paths).
+    ///
+    /// # Errors
+    /// When the kernel refuses the test run.
+    pub fn test_run_switch_timed(
+        &mut self,
+        frame: &[u8],
+        repeat: u32,
+    ) -> Result<(TestOutput, std::time::Duration), Error> {
+        run_timed(
+            xdp_mut(&mut self.ebpf, programs::SWITCH)?,
+            programs::SWITCH,
+            frame,
+            0,
+            repeat,
+        )
+    }
+
     /// Runs the egress logic once on `frame` as if the copy left through
     /// interface `egress_ifindex`.
     ///
@@ -612,6 +779,16 @@ fn run(
     frame: &[u8],
     ingress_ifindex: u32,
 ) -> Result<TestOutput, Error> {
+    run_timed(prog, name, frame, ingress_ifindex, 1).map(|(out, _)| out)
+}
+
+fn run_timed(
+    prog: &mut Xdp,
+    name: &'static str,
+    frame: &[u8],
+    ingress_ifindex: u32,
+    repeat: u32,
+) -> Result<(TestOutput, std::time::Duration), Error> {
     // `struct xdp_md`: data, data_end, data_meta, ingress_ifindex,
     // rx_queue_index, egress_ifindex. The kernel wants data_end = frame length.
     let mut ctx = [0u8; 24];
@@ -624,14 +801,18 @@ fn run(
     opts.data_in = Some(frame);
     opts.data_out = Some(&mut out);
     opts.ctx_in = Some(&ctx);
+    opts.repeat = repeat.max(1);
     let result = prog
         .test_run(opts)
         .map_err(|source| Error::TestRun { name, source })?;
     out.truncate(result.data_size_out as usize);
-    Ok(TestOutput {
-        action: result.return_value,
-        frame: out,
-    })
+    Ok((
+        TestOutput {
+            action: result.return_value,
+            frame: out,
+        },
+        result.duration,
+    ))
 }
 
 fn xdp_mut<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp, Error> {

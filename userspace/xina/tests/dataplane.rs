@@ -6,6 +6,7 @@ use std::net::Ipv4Addr;
 
 use xina::{
     Counters, Dataplane, JobSpec, LoadOptions, MemberSpec,
+    dataplane::Mode,
     frame::{self, Endpoint},
 };
 use xina_proto::{
@@ -36,6 +37,7 @@ fn job(fan_in: u8, slot_count: u32) -> JobSpec {
         id: JOB,
         op: Op::Sum,
         dtype: DType::I32,
+        mode: Mode::Allreduce,
         elems_per_packet: 256,
         slot_base: 10,
         slot_count,
@@ -67,6 +69,7 @@ fn repr(rank: u8, fan_in: u8, seq: u32, count: u16) -> Repr {
         slot_version: (seq / 4) % 2 == 1,
         count,
         exponent: 0,
+        root: 0,
         bitmap: 1 << rank,
     }
 }
@@ -118,7 +121,7 @@ fn first_middle_last_contribution() {
         (s.state, s.seq, s.count, s.bitmap),
         (slot_state::PARTIAL, 0, 4, 0b001)
     );
-    assert_eq!(&s.values[..4], &a);
+    assert_eq!(&s.values[..4], &a.map(i64::from));
 
     let before = dp.counters().unwrap();
     let out = dp.test_run_switch(&contribution(1, 3, 0, &b), 0).unwrap();
@@ -129,7 +132,7 @@ fn first_middle_last_contribution() {
     );
     let s = dp.slot(10, false).unwrap();
     assert_eq!((s.state, s.bitmap), (slot_state::PARTIAL, 0b011));
-    assert_eq!(&s.values[..4], &[11, 18, i32::MAX - 5, 0]);
+    assert_eq!(&s.values[..4], &[11, 18, i64::from(i32::MAX) - 5, 0]);
 
     let before = dp.counters().unwrap();
     let input = contribution(2, 3, 0, &c);
