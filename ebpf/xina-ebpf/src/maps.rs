@@ -81,8 +81,8 @@ pub struct Pending {
 #[repr(C)]
 pub struct Scratch {
     pub pending: Pending,
-    pub input: [u8; MAX_PAYLOAD],
-    pub output: [u8; MAX_PAYLOAD],
+    pub input: [u32; MAX_PAYLOAD / 4],
+    pub output: [u32; MAX_PAYLOAD / 4],
 }
 
 /// This CPU's [`Scratch`].

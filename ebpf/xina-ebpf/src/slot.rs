@@ -40,8 +40,10 @@ use xina_proto::{
     maps::{Slot, slot_state},
 };
 
-/// A staged payload.
-pub type Buf = [u8; MAX_PAYLOAD];
+/// A staged payload, as 32-bit words in wire (big-endian) byte order. Word
+/// aligned, so an element costs one load and a byte swap rather than four
+/// byte loads.
+pub type Buf = [u32; MAX_PAYLOAD / 4];
 
 /// A contribution, as checked against its job.
 pub struct Contribution {
@@ -98,18 +100,19 @@ pub trait Elem {
     fn clamp(v: i64) -> (i64, bool);
 }
 
+/// The word at byte offset `at` (a multiple of 4) as the number it spells.
 #[inline(always)]
 fn word(buf: &Buf, at: usize) -> u32 {
-    debug_assert!(at + 4 <= MAX_PAYLOAD);
+    debug_assert!(at % 4 == 0 && at + 4 <= MAX_PAYLOAD);
     // SAFETY: callers pass `at + 4 <= MAX_PAYLOAD` (element index below CAP).
-    u32::from_be_bytes(unsafe { *buf.as_ptr().add(at).cast::<[u8; 4]>() })
+    u32::from_be(unsafe { *buf.as_ptr().add(at / 4) })
 }
 
 #[inline(always)]
 fn set_word(buf: &mut Buf, at: usize, v: u32) {
-    debug_assert!(at + 4 <= MAX_PAYLOAD);
+    debug_assert!(at % 4 == 0 && at + 4 <= MAX_PAYLOAD);
     // SAFETY: as in `word`.
-    unsafe { *buf.as_mut_ptr().add(at).cast::<[u8; 4]>() = v.to_be_bytes() };
+    unsafe { *buf.as_mut_ptr().add(at / 4) = v.to_be() };
 }
 
 /// `int32`: accumulated in `i64` (64 ranks cannot overflow it), clamped once
@@ -228,9 +231,9 @@ impl Combine for Min {
 /// can then run over all `N` without looking at `n`.
 #[inline(always)]
 pub fn clear<E: Elem, const N: usize>(buf: &mut Buf) {
-    for i in 0..(N.min(E::CAP) * E::SIZE) / 8 {
-        // SAFETY: `8 * i + 8 <= N * SIZE <= MAX_PAYLOAD`.
-        unsafe { *buf.as_mut_ptr().add(8 * i).cast::<[u8; 8]>() = [0; 8] };
+    for i in 0..(N.min(E::CAP) * E::SIZE) / 4 {
+        // SAFETY: `4 * i + 4 <= N * SIZE <= MAX_PAYLOAD`.
+        unsafe { *buf.as_mut_ptr().add(i) = 0 };
     }
 }
 
