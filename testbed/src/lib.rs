@@ -6,8 +6,10 @@
 //! - [`topology`]: the star topology (one switch, N workers).
 //! - [`scenario`]: the allreduce scenario behind the demo and the tests.
 //! - [`ethtool`]: the interface offload toggles the topology needs.
+//! - [`lossy`]: a lossy link (drops, duplicates, reordering) on a veth.
 
 pub mod ethtool;
+pub mod lossy;
 pub mod netns;
 pub mod scenario;
 pub mod topology;

@@ -15,6 +15,8 @@
 //! - [`xina_egress_test`]: the same egress logic as a plain XDP program, for
 //!   `BPF_PROG_TEST_RUN` (which cannot run devmap programs).
 //! - [`xina_drop`]: `XDP_DROP`, the cost baseline for benchmarks.
+//! - [`xina_lossy_egress`], [`xina_lossy_ingress`]: the testbed's lossy link
+//!   (tc), not part of the switch.
 //!
 //! How a job's group is selected when jobs share ports: the broadcast reaches
 //! every port in `PORTS`; the egress program looks up `(job, egress ifindex)`
@@ -26,12 +28,17 @@
 
 mod egress;
 mod error;
+mod lossy;
 mod maps;
 mod packet;
 mod slot;
 mod switch;
 
-use aya_ebpf::{bindings::xdp_action::XDP_DROP, macros::xdp, programs::XdpContext};
+use aya_ebpf::{
+    bindings::xdp_action::XDP_DROP,
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
 use xina_proto::counters::Counter;
 
 use crate::{error::Verdict, maps::Tally};
@@ -119,6 +126,18 @@ pub fn xina_egress_test(ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn xina_drop(_ctx: XdpContext) -> u32 {
     XDP_DROP
+}
+
+/// The testbed's lossy link on an interface's egress.
+#[classifier]
+pub fn xina_lossy_egress(ctx: TcContext) -> i32 {
+    lossy::lossy(&ctx, xina_proto::lossy::direction::EGRESS)
+}
+
+/// The testbed's lossy link on an interface's ingress.
+#[classifier]
+pub fn xina_lossy_ingress(ctx: TcContext) -> i32 {
+    lossy::lossy(&ctx, xina_proto::lossy::direction::INGRESS)
 }
 
 #[cfg(not(test))]

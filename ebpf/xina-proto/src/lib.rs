@@ -11,11 +11,13 @@
 //! - [`checksum`]: incremental Internet checksum arithmetic (RFC 1624).
 //! - [`maps`]: map keys and values crossing the kernel/user boundary.
 //! - [`counters`]: the dataplane's counter indices and their names.
+//! - [`lossy`]: the testbed's fault-injecting tc program (maps and config).
 #![no_std]
 
 pub mod checksum;
 pub mod counters;
 pub mod header;
+pub mod lossy;
 pub mod maps;
 pub mod net;
 

@@ -30,6 +30,12 @@ use xina_proto::{
 /// The eBPF object built by `build.rs`.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xina"));
 
+/// The eBPF object holding every xina program (the switch's and the
+/// testbed's lossy link), for loaders other than [`Dataplane`].
+pub fn ebpf_object() -> &'static [u8] {
+    EBPF_OBJECT
+}
+
 /// Why a dataplane operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
