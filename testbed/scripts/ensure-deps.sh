@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing xina needs, only where it is missing:
 # the pinned nightly with rust-src (the eBPF build), bpf-linker, and the
-# Debian packages the testbed uses. Safe to run again; prints what it does.
+# Debian packages the testbed uses (iproute2 for ip and tc, ethtool,
+# bpftool). Safe to run again; prints what it does.
 set -euo pipefail
 
 EBPF_TOOLCHAIN=nightly-2026-05-20
@@ -41,6 +42,9 @@ fi
 missing=()
 command -v ip >/dev/null || missing+=(iproute2)
 command -v ethtool >/dev/null || missing+=(ethtool)
+command -v tc >/dev/null || missing+=(iproute2)
+# The concurrency test reads per-CPU counters with bpftool.
+command -v bpftool >/dev/null || missing+=(bpftool)
 if [ ${#missing[@]} -gt 0 ]; then
     say "installing Debian packages: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive

@@ -10,20 +10,28 @@
 //! ```
 
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
+    io,
     net::SocketAddrV4,
-    sync::Barrier,
+    sync::{
+        Barrier,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, anyhow, bail};
 use rand::{Rng as _, SeedableRng as _, rngs::StdRng};
 use serde::Serialize;
 use xina::{Counters, Dataplane, config::Config};
 use xina_host::{JobParams, Stats, Worker};
-use xina_proto::{XINA_UDP_PORT, counters::Counter};
+use xina_proto::{XINA_UDP_PORT, counters::Counter, maps::names};
 
-use crate::topology::Star;
+use crate::{
+    netns,
+    topology::{Star, StarOptions},
+};
 
 /// The UDP port every worker binds (each in its own namespace).
 pub const WORKER_PORT: u16 = 5000;
@@ -68,10 +76,38 @@ impl AllreduceSpec {
     }
 }
 
+/// How a scenario is placed on the machine and observed, as opposed to what
+/// it computes ([`AllreduceSpec`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct RunOptions {
+    /// TX and RX queues of every veth of the star that [`run_allreduce_with`]
+    /// builds ([`StarOptions::queues`]).
+    pub queues: u32,
+    /// Pins worker `rank`'s thread to CPU `cpus[rank % cpus.len()]`, `cpus`
+    /// being the CPUs this process may run on in increasing order: on a
+    /// 2-CPU machine even ranks run on CPU 0 and odd ranks on CPU 1.
+    pub pin_cpus: bool,
+    /// Reads the dataplane's per-CPU counters with `bpftool` before, during
+    /// and after the run ([`AllreduceReport::per_cpu`]).
+    pub per_cpu: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            queues: 1,
+            pin_cpus: false,
+            per_cpu: false,
+        }
+    }
+}
+
 /// One worker's outcome.
 #[derive(Clone, Debug, Serialize)]
 pub struct WorkerReport {
     pub rank: usize,
+    /// The CPU the worker's thread was pinned to ([`RunOptions::pin_cpus`]).
+    pub cpu: Option<usize>,
     /// Whether the result equals the locally computed element-wise sum.
     pub correct: bool,
     /// The first element that differs, if any.
@@ -86,14 +122,80 @@ pub struct WorkerReport {
     pub elapsed_s: f64,
 }
 
+/// One switch port's share of a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct PortReport {
+    /// Interface name in the switch namespace.
+    pub name: String,
+    pub ifindex: u32,
+    /// The rank of the worker behind it.
+    pub rank: usize,
+    /// Changes of the port's counters: ingress frames that arrived on it,
+    /// and result copies that left through it (`results_sent`).
+    pub counters: BTreeMap<&'static str, u64>,
+    /// Frames the port's XDP program ran on, per RX queue (`ethtool -S`:
+    /// `rx_queue_N_xdp_packets`), changes during the run.
+    pub rx_queue_xdp_packets: Vec<u64>,
+}
+
+impl PortReport {
+    /// A counter's change during the run.
+    pub fn counter(&self, c: Counter) -> u64 {
+        self.counters.get(c.name()).copied().unwrap_or(0)
+    }
+}
+
+/// Where the switch did its work during a run: the dataplane's per-CPU
+/// counter blocks, read with `bpftool` ([`RunOptions::per_cpu`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct PerCpuReport {
+    /// Changes of the job's counters, by CPU number.
+    pub job: Vec<BTreeMap<&'static str, u64>>,
+    /// For each port (in the order of [`AllreduceReport::ports`]), the
+    /// frames its ingress program handled, by CPU number.
+    pub port_rx: Vec<Vec<u64>>,
+    /// Readings of the job's per-CPU counters taken while the workers ran.
+    pub samples: u64,
+    /// Intervals between consecutive readings in which the job's
+    /// contributions grew on more than one CPU.
+    pub overlapping_intervals: u64,
+    /// Mean time between consecutive readings.
+    pub mean_interval_ms: f64,
+}
+
+impl PerCpuReport {
+    /// The change of the job's counter `c` on `cpu`.
+    pub fn job_counter(&self, cpu: usize, c: Counter) -> u64 {
+        self.job
+            .get(cpu)
+            .and_then(|m| m.get(c.name()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The CPUs on which the job's counter `c` moved.
+    pub fn cpus_with(&self, c: Counter) -> Vec<usize> {
+        (0..self.job.len())
+            .filter(|&cpu| self.job_counter(cpu, c) > 0)
+            .collect()
+    }
+}
+
 /// The outcome of [`run_allreduce`].
 #[derive(Clone, Debug, Serialize)]
 pub struct AllreduceReport {
     pub spec: AllreduceSpec,
+    pub options: RunOptions,
     pub chunks: u64,
     pub workers: Vec<WorkerReport>,
     /// Counter changes in the switch during the run.
-    pub switch_counters: std::collections::BTreeMap<&'static str, u64>,
+    pub switch_counters: BTreeMap<&'static str, u64>,
+    /// Changes of the job's own counters during the run.
+    pub job_counters: BTreeMap<&'static str, u64>,
+    /// Every switch port, port `i` facing rank `i`.
+    pub ports: Vec<PortReport>,
+    /// Per-CPU counters, when [`RunOptions::per_cpu`] asked for them.
+    pub per_cpu: Option<PerCpuReport>,
     /// Wall time from the common start to the last worker's finish.
     pub elapsed_s: f64,
     /// The switch configuration that was installed.
@@ -109,6 +211,11 @@ impl AllreduceReport {
     /// A switch counter's change during the run.
     pub fn counter(&self, c: Counter) -> u64 {
         self.switch_counters.get(c.name()).copied().unwrap_or(0)
+    }
+
+    /// A counter of the job's change during the run.
+    pub fn job_counter(&self, c: Counter) -> u64 {
+        self.job_counters.get(c.name()).copied().unwrap_or(0)
     }
 
     /// Why the run does not prove in-switch aggregation, if it does not:
@@ -143,6 +250,63 @@ impl AllreduceReport {
         (!wrong.is_empty()).then(|| wrong.join(", "))
     }
 
+    /// Why the job's counters differ from the switch-wide ones, if they do
+    /// (in a run with one job and no other traffic they must not), or its
+    /// ingress outcomes do not add up to its `rx_packets`.
+    pub fn job_accounting_error(&self) -> Option<String> {
+        let mut wrong: Vec<String> = Counter::ALL
+            .iter()
+            .filter(|c| self.job_counter(**c) != self.counter(**c))
+            .map(|c| {
+                format!(
+                    "job {JOB_ID} {} = {}, switch-wide {}",
+                    c.name(),
+                    self.job_counter(*c),
+                    self.counter(*c)
+                )
+            })
+            .collect();
+        let outcomes: u64 = Counter::ALL
+            .iter()
+            .filter(|c| c.is_ingress_outcome())
+            .map(|c| self.job_counter(*c))
+            .sum();
+        if outcomes != self.job_counter(Counter::RxPackets) {
+            wrong.push(format!(
+                "job {JOB_ID}'s ingress outcomes add up to {outcomes}, its rx_packets = {}",
+                self.job_counter(Counter::RxPackets)
+            ));
+        }
+        (!wrong.is_empty()).then(|| wrong.join(", "))
+    }
+
+    /// Why the per-port counters do not show one contribution per chunk
+    /// arriving from each rank on its own port and one result per chunk
+    /// leaving through every port, if they do not. Only meaningful when every
+    /// rank took part.
+    pub fn port_accounting_error(&self) -> Option<String> {
+        let wrong: Vec<String> = self
+            .ports
+            .iter()
+            .flat_map(|p| {
+                [Counter::Contributions, Counter::ResultsSent]
+                    .into_iter()
+                    .filter(|c| p.counter(*c) != self.chunks)
+                    .map(move |c| {
+                        format!(
+                            "port {} (rank {}): {} = {} (expected {})",
+                            p.name,
+                            p.rank,
+                            c.name(),
+                            p.counter(c),
+                            self.chunks
+                        )
+                    })
+            })
+            .collect();
+        (!wrong.is_empty()).then(|| wrong.join(", "))
+    }
+
     /// A human-readable table.
     pub fn table(&self) -> String {
         let mut out = String::new();
@@ -168,8 +332,8 @@ impl AllreduceReport {
         let _ = writeln!(out, "\nper worker:");
         let _ = writeln!(
             out,
-            "{:>5} {:>9} {:>9} {:>6} {:>8} {:>9} {:>8}  result",
-            "rank", "sent", "received", "retx", "timeouts", "from_cache", "time(s)"
+            "{:>5} {:>4} {:>9} {:>9} {:>6} {:>8} {:>9} {:>8}  result",
+            "rank", "cpu", "sent", "received", "retx", "timeouts", "from_cache", "time(s)"
         );
         for w in &self.workers {
             let result = match (&w.error, w.first_mismatch) {
@@ -177,9 +341,10 @@ impl AllreduceReport {
                 (None, Some(i)) => format!("WRONG from element {i}"),
                 (None, None) => "exact".to_owned(),
             };
+            let cpu = w.cpu.map_or_else(|| "-".to_owned(), |c| c.to_string());
             let _ = writeln!(
                 out,
-                "{:>5} {:>9} {:>9} {:>6} {:>8} {:>9} {:>8.3}  {result}",
+                "{:>5} {cpu:>4} {:>9} {:>9} {:>6} {:>8} {:>9} {:>8.3}  {result}",
                 w.rank,
                 w.packets_sent,
                 w.packets_received,
@@ -189,11 +354,21 @@ impl AllreduceReport {
                 w.elapsed_s
             );
         }
-        let _ = writeln!(out, "\nswitch counters (this run):");
-        for (name, v) in &self.switch_counters {
-            if *v != 0 {
-                let _ = writeln!(out, "  {name:<22}{v:>12}");
+        let _ = writeln!(
+            out,
+            "\nswitch counters (this run), all jobs | job {JOB_ID}:"
+        );
+        for c in Counter::ALL {
+            let (all, job) = (self.counter(c), self.job_counter(c));
+            if all != 0 || job != 0 {
+                let _ = writeln!(out, "  {:<22}{all:>12} |{job:>10}", c.name());
             }
+        }
+        if self.job_counter(Counter::RxPackets) == 0 && self.counter(Counter::RxPackets) > 0 {
+            let _ = writeln!(
+                out,
+                "  (rx_packets is counted before the job is known, so never for the job)"
+            );
         }
         match self.switch_accounting_error() {
             None => {
@@ -209,8 +384,78 @@ impl AllreduceReport {
                 let _ = writeln!(out, "  => switch accounting does not add up: {e}");
             }
         }
+        self.port_table(&mut out);
+        if let Some(per_cpu) = &self.per_cpu {
+            per_cpu_table(&mut out, per_cpu, &self.ports);
+        }
         out
     }
+
+    fn port_table(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "\nper port (ingress on the port; results = copies leaving it):"
+        );
+        let _ = writeln!(
+            out,
+            "{:>5} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>8}  xdp frames per rx queue",
+            "rank", "ifindex", "rx", "contrib", "dup", "stale", "cache", "results"
+        );
+        for p in &self.ports {
+            let queues: Vec<String> = p
+                .rx_queue_xdp_packets
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            let _ = writeln!(
+                out,
+                "{:>5} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>8}  [{}]",
+                p.rank,
+                p.ifindex,
+                p.counter(Counter::RxPackets),
+                p.counter(Counter::Contributions),
+                p.counter(Counter::DropDuplicate),
+                p.counter(Counter::DropStale),
+                p.counter(Counter::ReplyFromCache),
+                p.counter(Counter::ResultsSent),
+                queues.join(" ")
+            );
+        }
+    }
+}
+
+fn per_cpu_table(out: &mut String, per_cpu: &PerCpuReport, ports: &[PortReport]) {
+    let cpus = per_cpu.job.len();
+    let _ = write!(out, "\nper CPU:{:>16}", "");
+    for cpu in 0..cpus {
+        let _ = write!(out, " {:>9}", format!("cpu{cpu}"));
+    }
+    let _ = writeln!(out);
+    for c in [
+        Counter::Contributions,
+        Counter::Completed,
+        Counter::ResultsSent,
+    ] {
+        let _ = write!(out, "  job {:<19}", c.name());
+        for cpu in 0..cpus {
+            let _ = write!(out, " {:>9}", per_cpu.job_counter(cpu, c));
+        }
+        let _ = writeln!(out);
+    }
+    for (p, rx) in ports.iter().zip(&per_cpu.port_rx) {
+        let _ = write!(out, "  rx of port/rank {:<7}", p.rank);
+        for v in rx {
+            let _ = write!(out, " {v:>9}");
+        }
+        let _ = writeln!(out);
+    }
+    let _ = writeln!(
+        out,
+        "  contributions grew on more than one CPU in {} of {} intervals of ~{:.1} ms",
+        per_cpu.overlapping_intervals,
+        per_cpu.samples.saturating_sub(1),
+        per_cpu.mean_interval_ms
+    );
 }
 
 /// The switch configuration for one job spanning every worker of `star`.
@@ -278,6 +523,58 @@ pub fn start_switch(star: &Star, config_text: &str) -> anyhow::Result<Dataplane>
 /// When the topology or the switch cannot be set up, or a worker thread
 /// cannot be started. A worker whose allreduce fails is reported, not an error.
 pub fn run_allreduce(spec: &AllreduceSpec) -> anyhow::Result<AllreduceReport> {
+    run_allreduce_with(spec, RunOptions::default())
+}
+
+/// [`run_allreduce`] placed and observed as `options` say.
+///
+/// # Errors
+/// As [`run_allreduce`]; also when a per-CPU reading fails.
+pub fn run_allreduce_with(
+    spec: &AllreduceSpec,
+    options: RunOptions,
+) -> anyhow::Result<AllreduceReport> {
+    check_workers(spec)?;
+    let star = Star::build_with(StarOptions {
+        workers: spec.workers,
+        queues: options.queues,
+    })
+    .context("building the star topology")?;
+    let result = run_allreduce_on(&star, spec, options);
+    star.teardown().context("tearing the topology down")?;
+    result
+}
+
+/// [`run_allreduce_with`] on an existing star of `spec.workers` workers,
+/// which is left as it was found: the switch is attached for this run only.
+/// [`RunOptions::queues`] is the star's business and not looked at.
+///
+/// # Errors
+/// As [`run_allreduce_with`]; also when the star has another worker count.
+pub fn run_allreduce_on(
+    star: &Star,
+    spec: &AllreduceSpec,
+    options: RunOptions,
+) -> anyhow::Result<AllreduceReport> {
+    check_workers(spec)?;
+    if star.workers().len() != spec.workers {
+        bail!(
+            "the star has {} workers, the spec {}",
+            star.workers().len(),
+            spec.workers
+        );
+    }
+    let config = star_config(star, spec);
+    let dp = start_switch(star, &config)?;
+    let options = RunOptions {
+        queues: star.queues(),
+        ..options
+    };
+    // The switch is detached (by dropping it) on every path out.
+    run_workers(star, &dp, spec, options, config)
+}
+
+fn check_workers(spec: &AllreduceSpec) -> anyhow::Result<()> {
     if spec.workers == 0 || spec.workers > xina_proto::MAX_RANKS {
         bail!(
             "workers: {} (must be 1..={})",
@@ -285,19 +582,55 @@ pub fn run_allreduce(spec: &AllreduceSpec) -> anyhow::Result<AllreduceReport> {
             xina_proto::MAX_RANKS
         );
     }
-    let star = Star::build(spec.workers).context("building the star topology")?;
-    let config = star_config(&star, spec);
-    let dp = start_switch(&star, &config)?;
-    let result = run_workers(&star, &dp, spec, config);
-    drop(dp);
-    star.teardown().context("tearing the topology down")?;
-    result
+    Ok(())
+}
+
+/// Counter readings taken before the workers start.
+struct Before {
+    switch: Counters,
+    job: Counters,
+    ports: Vec<Counters>,
+    queues: Vec<Vec<u64>>,
+    per_cpu: Option<(CounterMaps, PerCpuBlocks, Vec<PerCpuBlocks>)>,
+}
+
+impl Before {
+    fn read(star: &Star, dp: &Dataplane, options: RunOptions) -> anyhow::Result<Self> {
+        let per_cpu = if options.per_cpu {
+            let maps = CounterMaps::find(star)?;
+            let job = maps.job_blocks()?;
+            let ports = star
+                .ports()
+                .iter()
+                .map(|p| maps.port_blocks(p.ifindex))
+                .collect::<anyhow::Result<_>>()?;
+            Some((maps, job, ports))
+        } else {
+            None
+        };
+        Ok(Self {
+            switch: dp.counters()?,
+            job: dp.job_counters(JOB_ID)?,
+            ports: star
+                .ports()
+                .iter()
+                .map(|p| dp.port_counters(p.ifindex))
+                .collect::<Result<_, _>>()?,
+            queues: star
+                .ports()
+                .iter()
+                .map(|p| rx_queue_xdp_packets(star, &p.name))
+                .collect::<anyhow::Result<_>>()?,
+            per_cpu,
+        })
+    }
 }
 
 fn run_workers(
     star: &Star,
     dp: &Dataplane,
     spec: &AllreduceSpec,
+    options: RunOptions,
     config: String,
 ) -> anyhow::Result<AllreduceReport> {
     let data: Vec<Vec<i32>> = (0..spec.workers)
@@ -309,16 +642,29 @@ fn run_workers(
             *e += *v;
         }
     }
-    let before: Counters = dp.counters()?;
+    let cpus = if options.pin_cpus {
+        allowed_cpus().context("reading this process's CPU affinity")?
+    } else {
+        Vec::new()
+    };
+    let before = Before::read(star, dp, options)?;
     let present = (0..spec.workers)
         .filter(|r| !spec.absent.contains(r))
         .count();
     let barrier = Barrier::new(present);
+    let done = AtomicBool::new(false);
     let switch = SocketAddrV4::new(star.service_ip(), XINA_UDP_PORT);
     let start = Instant::now();
     /// A worker's buffer after the call, its outcome, and when it finished.
     type Outcome = (Vec<i32>, Result<Stats, xina_host::Error>, Instant);
-    let outcomes: Vec<(usize, anyhow::Result<Outcome>)> = std::thread::scope(|scope| {
+    let (outcomes, sampled) = std::thread::scope(|scope| {
+        // Stops the sampler when the workers are done, also when one panics
+        // (the scope waits for every thread before it lets the panic go on).
+        let stop_sampler = SetOnDrop(&done);
+        let sampler = before
+            .per_cpu
+            .as_ref()
+            .map(|(maps, ..)| scope.spawn(|| sample_job(maps, &done)));
         let handles: Vec<_> = data
             .into_iter()
             .enumerate()
@@ -326,6 +672,7 @@ fn run_workers(
             .map(|(rank, mut buf)| {
                 let worker = star.worker(rank);
                 let barrier = &barrier;
+                let cpu = (!cpus.is_empty()).then(|| cpus[rank % cpus.len()]);
                 let handle = scope.spawn(move || {
                     let params = JobParams {
                         job: JOB_ID,
@@ -340,29 +687,46 @@ fn run_workers(
                         give_up: spec.give_up,
                         ..Default::default()
                     };
-                    worker.ns().run(move || {
+                    worker.ns().run(move || -> anyhow::Result<Outcome> {
+                        // This is the thread that sends and receives.
+                        let pinned = cpu.map_or(Ok(()), pin_current_thread);
                         // Everyone binds first, so no result arrives at a
-                        // worker that has no socket yet.
+                        // worker that has no socket yet; a worker that could
+                        // not be pinned still passes the barrier, so the
+                        // others are not stuck there.
                         let w = Worker::new(params, bind, config);
                         barrier.wait();
+                        pinned.with_context(|| {
+                            format!("pinning rank {rank} to CPU {}", cpu.unwrap_or_default())
+                        })?;
                         let stats = w.and_then(|mut w| w.allreduce_i32(&mut buf));
-                        (buf, stats, Instant::now())
+                        Ok((buf, stats, Instant::now()))
                     })
                 });
-                (rank, handle)
+                (rank, cpu, handle)
             })
             .collect();
-        handles
+        let outcomes: Vec<_> = handles
             .into_iter()
-            .map(|(rank, h)| match h.join() {
-                Ok(r) => (rank, r.context("entering a worker namespace")),
+            .map(|(rank, cpu, h)| match h.join() {
+                Ok(r) => (
+                    rank,
+                    cpu,
+                    r.context("entering a worker namespace").and_then(|r| r),
+                ),
                 Err(p) => std::panic::resume_unwind(p),
             })
-            .collect()
+            .collect();
+        drop(stop_sampler);
+        let sampled = sampler.map(|h| match h.join() {
+            Ok(r) => r,
+            Err(p) => std::panic::resume_unwind(p),
+        });
+        (outcomes, sampled)
     });
     let mut workers = Vec::with_capacity(spec.workers);
     let mut end = start;
-    for (rank, outcome) in outcomes {
+    for (rank, cpu, outcome) in outcomes {
         let (buf, stats, finished) = outcome?;
         end = end.max(finished);
         let (error, stats) = match stats {
@@ -376,6 +740,7 @@ fn run_workers(
         };
         workers.push(WorkerReport {
             rank,
+            cpu,
             correct: error.is_none() && first_mismatch.is_none() && buf.len() == expected.len(),
             first_mismatch,
             error,
@@ -387,13 +752,286 @@ fn run_workers(
             elapsed_s: stats.elapsed.as_secs_f64(),
         });
     }
-    let counters = dp.counters()?.delta(&before);
+    let counters = dp.counters()?.delta(&before.switch);
+    let job_counters = dp.job_counters(JOB_ID)?.delta(&before.job);
+    let mut ports = Vec::with_capacity(spec.workers);
+    for ((p, port_before), queues_before) in
+        star.ports().iter().zip(&before.ports).zip(&before.queues)
+    {
+        let queues = rx_queue_xdp_packets(star, &p.name)?;
+        ports.push(PortReport {
+            name: p.name.clone(),
+            ifindex: p.ifindex,
+            rank: p.worker,
+            counters: dp.port_counters(p.ifindex)?.delta(port_before).to_map(),
+            rx_queue_xdp_packets: queues
+                .iter()
+                .zip(queues_before.iter().chain(std::iter::repeat(&0)))
+                .map(|(after, before)| after.wrapping_sub(*before))
+                .collect(),
+        });
+    }
+    let per_cpu = match (before.per_cpu, sampled) {
+        (Some((maps, job_before, ports_before)), Some(sampled)) => {
+            let (samples, overlapping_intervals, mean_interval_ms) = sampled?;
+            let job = maps.job_blocks()?;
+            let mut port_rx = Vec::with_capacity(spec.workers);
+            for (p, port_before) in star.ports().iter().zip(&ports_before) {
+                let after = maps.port_blocks(p.ifindex)?;
+                port_rx.push(
+                    per_cpu_delta(&after, port_before)
+                        .iter()
+                        .map(|b| b[Counter::RxPackets as usize])
+                        .collect(),
+                );
+            }
+            Some(PerCpuReport {
+                job: per_cpu_delta(&job, &job_before)
+                    .iter()
+                    .map(|b| Counters(*b).to_map())
+                    .collect(),
+                port_rx,
+                samples,
+                overlapping_intervals,
+                mean_interval_ms,
+            })
+        }
+        _ => None,
+    };
     Ok(AllreduceReport {
         spec: spec.clone(),
+        options,
         chunks: spec.chunks(),
         workers,
         switch_counters: counters.to_map(),
+        job_counters: job_counters.to_map(),
+        ports,
+        per_cpu,
         elapsed_s: end.duration_since(start).as_secs_f64(),
         config,
     })
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// CPUs
+// ---------------------------------------------------------------------------
+
+/// The CPUs the calling thread may run on, in increasing order: where
+/// [`RunOptions::pin_cpus`] places the workers.
+///
+/// # Errors
+/// When `sched_getaffinity` fails or the mask is empty.
+pub fn allowed_cpus() -> io::Result<Vec<usize>> {
+    // SAFETY: `cpu_set_t` is a plain bit array; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable `cpu_set_t` of the size passed.
+    let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &raw mut set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let max = 8 * size_of::<libc::cpu_set_t>();
+    // SAFETY: `cpu < max`, the set's capacity in bits.
+    let cpus: Vec<usize> = (0..max)
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect();
+    if cpus.is_empty() {
+        return Err(io::Error::other("the affinity mask is empty"));
+    }
+    Ok(cpus)
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_current_thread(cpu: usize) -> io::Result<()> {
+    if cpu >= 8 * size_of::<libc::cpu_set_t>() {
+        return Err(io::Error::other(format!(
+            "CPU {cpu} does not fit a cpu_set_t"
+        )));
+    }
+    // SAFETY: as in `allowed_cpus`.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is below the set's capacity (checked above).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid `cpu_set_t` of the size passed; pid 0 is the
+    // calling thread.
+    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Per-queue and per-CPU readings
+// ---------------------------------------------------------------------------
+
+/// `rx_queue_N_xdp_packets` of a switch port, by queue (`ethtool -S`).
+fn rx_queue_xdp_packets(star: &Star, port: &str) -> anyhow::Result<Vec<u64>> {
+    let text = star.switch().exec(&["ethtool", "-S", port])?;
+    let mut queues: Vec<u64> = Vec::new();
+    for line in text.lines() {
+        let Some((name, value)) = line.trim().split_once(':') else {
+            continue;
+        };
+        let Some(queue) = name
+            .strip_prefix("rx_queue_")
+            .and_then(|rest| rest.strip_suffix("_xdp_packets"))
+        else {
+            continue;
+        };
+        let queue: usize = queue
+            .parse()
+            .with_context(|| format!("{port}: ethtool line {line:?}"))?;
+        let value: u64 = value
+            .trim()
+            .parse()
+            .with_context(|| format!("{port}: ethtool line {line:?}"))?;
+        if queues.len() <= queue {
+            queues.resize(queue + 1, 0);
+        }
+        queues[queue] = value;
+    }
+    Ok(queues)
+}
+
+/// One counter block per possible CPU.
+type PerCpuBlocks = Vec<[u64; Counter::COUNT]>;
+
+fn per_cpu_delta(after: &PerCpuBlocks, before: &PerCpuBlocks) -> PerCpuBlocks {
+    after
+        .iter()
+        .zip(before)
+        .map(|(a, b)| std::array::from_fn(|i| a[i].wrapping_sub(b[i])))
+        .collect()
+}
+
+/// Runs `bpftool -j args...` (in the root namespace: map and program ids are
+/// global) and parses its output.
+fn bpftool(args: &[&str]) -> anyhow::Result<serde_json::Value> {
+    let mut full = vec!["-j"];
+    full.extend_from_slice(args);
+    let text = netns::run_command("bpftool", &full)
+        .context("bpftool (needed for per-CPU counters) failed")?;
+    serde_json::from_str(&text).with_context(|| format!("bpftool {}: not JSON", args.join(" ")))
+}
+
+/// The ids of this switch's per-job and per-port counter maps, found from
+/// the program attached to its first port (several dataplanes may be loaded
+/// at once, each with maps of the same names).
+struct CounterMaps {
+    job: String,
+    port: String,
+}
+
+impl CounterMaps {
+    fn find(star: &Star) -> anyhow::Result<Self> {
+        let port = &star.port(0).name;
+        let link: serde_json::Value = serde_json::from_str(
+            &star
+                .switch()
+                .ip(&["-j", "-d", "link", "show", "dev", port])?,
+        )
+        .context("ip -j link: not JSON")?;
+        let xdp = &link[0]["xdp"];
+        let prog = xdp["prog"]["id"]
+            .as_u64()
+            .or_else(|| xdp["attached"][0]["prog"]["id"].as_u64())
+            .ok_or_else(|| anyhow!("{port}: no XDP program attached ({xdp})"))?;
+        let info = bpftool(&["prog", "show", "id", &prog.to_string()])?;
+        let ids = info["map_ids"]
+            .as_array()
+            .ok_or_else(|| anyhow!("program {prog}: no map ids in {info}"))?;
+        let (mut job, mut port_map) = (None, None);
+        for id in ids.iter().filter_map(serde_json::Value::as_u64) {
+            let map = bpftool(&["map", "show", "id", &id.to_string()])?;
+            match map["name"].as_str() {
+                Some(names::JOB_COUNTERS) => job = Some(id.to_string()),
+                Some(names::PORT_COUNTERS) => port_map = Some(id.to_string()),
+                _ => {}
+            }
+        }
+        Ok(Self {
+            job: job.ok_or_else(|| anyhow!("program {prog} uses no {}", names::JOB_COUNTERS))?,
+            port: port_map
+                .ok_or_else(|| anyhow!("program {prog} uses no {}", names::PORT_COUNTERS))?,
+        })
+    }
+
+    fn job_blocks(&self) -> anyhow::Result<PerCpuBlocks> {
+        lookup_blocks(&self.job, JOB_ID)
+    }
+
+    fn port_blocks(&self, ifindex: u32) -> anyhow::Result<PerCpuBlocks> {
+        lookup_blocks(&self.port, ifindex)
+    }
+}
+
+/// The per-CPU counter blocks of entry `key` of the map with id `map`.
+fn lookup_blocks(map: &str, key: u32) -> anyhow::Result<PerCpuBlocks> {
+    let key: Vec<String> = key.to_ne_bytes().iter().map(ToString::to_string).collect();
+    let mut args = vec!["map", "lookup", "id", map, "key"];
+    args.extend(key.iter().map(String::as_str));
+    let entry = bpftool(&args)?;
+    let values = entry["values"]
+        .as_array()
+        .ok_or_else(|| anyhow!("map {map}: no per-CPU values in {entry}"))?;
+    values
+        .iter()
+        .map(|v| {
+            // Raw bytes ("0x2a" strings) in host order.
+            let bytes: Vec<u8> = v["value"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|b| u8::from_str_radix(b.as_str()?.trim_start_matches("0x"), 16).ok())
+                .collect();
+            if bytes.len() != 8 * Counter::COUNT {
+                bail!("map {map}: a per-CPU value of {} bytes: {v}", bytes.len());
+            }
+            Ok(std::array::from_fn(|i| {
+                let mut word = [0; 8];
+                word.copy_from_slice(&bytes[8 * i..8 * i + 8]);
+                u64::from_ne_bytes(word)
+            }))
+        })
+        .collect()
+}
+
+/// Reads the job's per-CPU contributions until `done`: returns the number of
+/// readings, the intervals between consecutive readings in which more than
+/// one CPU's count grew, and the mean interval in milliseconds.
+fn sample_job(maps: &CounterMaps, done: &AtomicBool) -> anyhow::Result<(u64, u64, f64)> {
+    let (mut samples, mut overlapping) = (0u64, 0u64);
+    let mut previous: Option<Vec<u64>> = None;
+    let started = Instant::now();
+    while !done.load(Ordering::Relaxed) {
+        let now: Vec<u64> = maps
+            .job_blocks()?
+            .iter()
+            .map(|b| b[Counter::Contributions as usize])
+            .collect();
+        samples += 1;
+        if let Some(previous) = &previous {
+            let grew = now.iter().zip(previous).filter(|(n, p)| n > p).count();
+            if grew > 1 {
+                overlapping += 1;
+            }
+        }
+        previous = Some(now);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mean_ms = if samples > 1 {
+        started.elapsed().as_secs_f64() * 1e3 / (samples - 1) as f64
+    } else {
+        0.0
+    };
+    Ok((samples, overlapping, mean_ms))
 }

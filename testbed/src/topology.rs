@@ -33,6 +33,9 @@ pub const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 254);
 /// service address, 255 broadcast).
 pub const MAX_WORKERS: usize = 253;
 
+/// Most TX and RX queues a [`Star`]'s veths take (see [`StarOptions::queues`]).
+pub const MAX_QUEUES: u32 = 64;
+
 /// Address of worker `rank`: `10.77.0.(rank + 1)`.
 ///
 /// # Panics
@@ -90,6 +93,12 @@ pub enum Error {
     WorkerCount {
         /// The requested count.
         n: usize,
+    },
+    /// The queue count is out of range.
+    #[error("a star's veths take 1 to {MAX_QUEUES} queues, not {n}")]
+    QueueCount {
+        /// The requested count.
+        n: u32,
     },
     /// A generated interface name does not fit `IFNAMSIZ`.
     #[error("interface name {name:?} is longer than {MAX_IFNAME_LEN} bytes")]
@@ -182,6 +191,37 @@ impl Worker {
     }
 }
 
+/// How to build a [`Star`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StarOptions {
+    /// Number of workers, 1 to [`MAX_WORKERS`].
+    pub workers: usize,
+    /// TX and RX queues of each veth, both ends (1 to [`MAX_QUEUES`]; `ip link
+    /// add ... numtxqueues N numrxqueues N`).
+    ///
+    /// A veth has as many queues as it was created with (`ethtool -l` shows
+    /// them as the pre-set maximum and the current count of RX and TX, no
+    /// combined channels); each RX queue has its own NAPI instance, so a port
+    /// can run its XDP program on several CPUs at once. Which queue a frame
+    /// arrives on is the TX queue the sender's stack picked: with no XPS map
+    /// that is a hash of the flow, so the frames of one UDP socket all use one
+    /// queue. The queue's NAPI is scheduled on the CPU that sends (it runs
+    /// in the softirq at the end of the send, or in that CPU's `ksoftirqd`),
+    /// so XDP for a frame sent by a thread pinned to CPU `k` runs on CPU `k`
+    /// (the testbed's `concurrency` test measures this). Frames redirected
+    /// into a veth (`ndo_xdp_xmit`, the switch's results) go instead to the
+    /// RX queue `cpu % queues` of the peer, `cpu` being the CPU that
+    /// redirects.
+    pub queues: u32,
+}
+
+impl StarOptions {
+    /// `workers` workers, one queue per veth (what [`Star::build`] makes).
+    pub const fn new(workers: usize) -> Self {
+        Self { workers, queues: 1 }
+    }
+}
+
 /// A switch namespace with one veth port per worker namespace.
 ///
 /// ```text
@@ -202,6 +242,7 @@ impl Worker {
 ///
 /// - Veth pairs are created in the root namespace and then moved, so every interface
 ///   of the star has an ifindex no other namespace of the star uses.
+/// - Every veth has [`StarOptions::queues`] TX and RX queues, both ends.
 /// - Switch ports are up, with no address; XDP programs attach there.
 /// - Each worker interface is up, has `10.77.0.(rank+1)/24`, TX checksum offload off
 ///   and GRO on (see [`crate::ethtool`]), and permanent neighbour entries: the service
@@ -221,16 +262,33 @@ pub struct Star {
     workers: Vec<Worker>,
     switch: NetNs,
     ports: Vec<SwitchPort>,
+    queues: u32,
 }
 
 impl Star {
-    /// Builds a star with `n_workers` workers (1 to [`MAX_WORKERS`]).
+    /// Builds a star with `n_workers` workers (1 to [`MAX_WORKERS`]) and one
+    /// queue per veth.
     ///
     /// On any failure everything created so far is deleted before the error returns.
     pub fn build(n_workers: usize) -> Result<Self, Error> {
+        Self::build_with(StarOptions::new(n_workers))
+    }
+
+    /// Builds a star as `options` say.
+    ///
+    /// On any failure everything created so far is deleted before the error returns.
+    pub fn build_with(options: StarOptions) -> Result<Self, Error> {
+        let StarOptions {
+            workers: n_workers,
+            queues,
+        } = options;
         if n_workers == 0 || n_workers > MAX_WORKERS {
             return Err(Error::WorkerCount { n: n_workers });
         }
+        if queues == 0 || queues > MAX_QUEUES {
+            return Err(Error::QueueCount { n: queues });
+        }
+        let queues_arg = queues.to_string();
         let token = netns::unique_token();
         let port_names: Vec<String> = (0..n_workers).map(|i| format!("xs{token}-{i}")).collect();
         let worker_names: Vec<String> = (0..n_workers).map(|i| format!("xw{token}-{i}")).collect();
@@ -267,6 +325,10 @@ impl Star {
                     port,
                     "address",
                     &port_mac,
+                    "numtxqueues",
+                    &queues_arg,
+                    "numrxqueues",
+                    &queues_arg,
                     "type",
                     "veth",
                     "peer",
@@ -274,6 +336,10 @@ impl Star {
                     iface,
                     "address",
                     &worker_mac,
+                    "numtxqueues",
+                    &queues_arg,
+                    "numrxqueues",
+                    &queues_arg,
                 ],
             )?;
             if i + 1 == n_workers {
@@ -340,6 +406,7 @@ impl Star {
             workers,
             switch,
             ports,
+            queues,
         };
         log::info!("built star {}", star.token);
         Ok(star)
@@ -348,6 +415,11 @@ impl Star {
     /// The unique token in every name of this star.
     pub fn token(&self) -> &str {
         &self.token
+    }
+
+    /// TX and RX queues of each veth ([`StarOptions::queues`]).
+    pub fn queues(&self) -> u32 {
+        self.queues
     }
 
     /// The switch namespace.
@@ -434,6 +506,7 @@ impl Star {
             workers,
             switch,
             ports: _,
+            queues: _,
         } = self;
         let errors: Vec<netns::Error> = workers
             .into_iter()
@@ -454,10 +527,11 @@ impl fmt::Display for Star {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "star {}: switch namespace {}, service address {}",
+            "star {}: switch namespace {}, service address {}, {} queue(s) per veth",
             self.token,
             self.switch.name(),
-            SERVICE_IP
+            SERVICE_IP,
+            self.queues
         )?;
         for (port, worker) in self.ports.iter().zip(&self.workers) {
             writeln!(
@@ -586,6 +660,20 @@ mod tests {
             Star::build(MAX_WORKERS + 1),
             Err(Error::WorkerCount { .. })
         ));
+    }
+
+    #[test]
+    fn queue_count_is_checked() {
+        for n in [0, MAX_QUEUES + 1] {
+            let options = StarOptions {
+                queues: n,
+                ..StarOptions::new(2)
+            };
+            assert!(
+                matches!(Star::build_with(options), Err(Error::QueueCount { n: m }) if m == n),
+                "{n} queues"
+            );
+        }
     }
 
     #[test]

@@ -41,6 +41,36 @@ fn four_workers_allreduce_a_million_int32_in_the_switch() {
     assert_eq!(report.counter(Counter::Contributions), 4 * 3907);
     assert_eq!(report.counter(Counter::Completed), 3907);
     assert_eq!(report.counter(Counter::ResultsSent), 4 * 3907);
+
+    // The only job saw everything the switch saw, counter for counter but
+    // rx_packets, which the ingress program counts before it knows the job;
+    // the job's outcomes add up to the switch's rx_packets instead.
+    for c in Counter::ALL {
+        if c != Counter::RxPackets {
+            assert_eq!(
+                report.job_counter(c),
+                report.counter(c),
+                "job 1's {} against the switch's",
+                c.name()
+            );
+        }
+    }
+    assert_eq!(report.job_accounting_error(), None);
+    assert_eq!(report.job_counter(Counter::Completed), 3907);
+
+    // Each rank's contributions arrived on its own port, once per chunk, and
+    // one result per chunk left through every port.
+    assert_eq!(report.ports.len(), 4);
+    for (i, p) in report.ports.iter().enumerate() {
+        assert_eq!(p.rank, i);
+        assert_eq!(p.counter(Counter::Contributions), 3907, "port {}", p.name);
+        assert_eq!(p.counter(Counter::ResultsSent), 3907, "port {}", p.name);
+    }
+    assert_eq!(report.port_accounting_error(), None);
+    for c in Counter::ALL {
+        let ports: u64 = report.ports.iter().map(|p| p.counter(c)).sum();
+        assert_eq!(ports, report.counter(c), "{} summed over ports", c.name());
+    }
 }
 
 /// Lengths that are not a multiple of the packet size, a window of one slot,
@@ -59,6 +89,8 @@ fn odd_shapes_are_exact() {
     assert!(report.all_correct(), "{}", report.table());
     assert_eq!(report.chunks, 101);
     assert_eq!(report.switch_accounting_error(), None, "{}", report.table());
+    assert_eq!(report.port_accounting_error(), None, "{}", report.table());
+    assert_eq!(report.job_accounting_error(), None, "{}", report.table());
 }
 
 /// A member that never sends: the others give up after the bound with an
@@ -93,6 +125,15 @@ fn dead_peer_gives_a_naming_error_within_the_bound() {
         0,
         "nothing can complete without rank 2"
     );
+    // Rank 2's port received nothing and no result left any port.
+    assert_eq!(report.ports[2].counter(Counter::RxPackets), 0);
+    for p in &report.ports {
+        assert_eq!(p.counter(Counter::ResultsSent), 0, "port {}", p.name);
+    }
+    for rank in [0, 1] {
+        let p = &report.ports[rank];
+        assert!(p.counter(Counter::Contributions) > 0, "port {}", p.name);
+    }
     // Generous: building and tearing down the topology takes a moment too.
     assert!(took < give_up + Duration::from_secs(30), "took {took:?}");
 }

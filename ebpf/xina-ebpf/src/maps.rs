@@ -123,6 +123,19 @@ impl Tally {
         self.job = JOB_COUNTERS.get_ptr_mut(job);
     }
 
+    /// On ingress, once the frame's job is known: count the frame as
+    /// received in the job's block too (the switch-wide and port blocks
+    /// counted it on arrival), so the job's outcomes add up to its
+    /// `rx_packets` like the switch-wide ones do.
+    #[inline(always)]
+    pub fn enter_job(&mut self, job: u32) {
+        self.set_job(job);
+        if let Some(block) = self.job {
+            // SAFETY: this CPU's value (see the type's docs).
+            unsafe { (*block)[Counter::RxPackets as usize] += 1 };
+        }
+    }
+
     /// Adds one to counter `c`.
     #[inline(always)]
     pub fn count(&self, c: Counter) {

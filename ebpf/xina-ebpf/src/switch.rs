@@ -31,7 +31,7 @@ pub fn try_switch(ctx: &XdpContext, tally: &mut Tally) -> Result<Verdict, Verdic
     // SAFETY: the value is only read, and a job's entry is replaced by the
     // control plane as a whole, never while its traffic is expected.
     let job = *unsafe { JOBS.get(job_id) }.ok_or(Error::UnknownJob)?;
-    tally.set_job(job_id);
+    tally.enter_job(job_id);
 
     // The sender must be the registered member for the rank it claims: its
     // source address and port must be that member's.

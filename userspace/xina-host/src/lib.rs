@@ -30,9 +30,10 @@
 //! sequence number on the wire is the chunk number `c` modulo 2^32; the slot
 //! is `c % W` and the slot copy `(c / W) % 2`, which is `seq % W` and
 //! `(seq / W) % 2` until the sequence number first wraps (the switch takes
-//! both from the header and never recomputes them). The switch treats a
-//! sequence number older than the one a slot copy holds as stale, so a worker
-//! that restarted its numbering at 0 would have its chunks dropped.
+//! both from the header and never recomputes them). A slot copy accepts only
+//! the chunk it holds or the one `2W` after it and drops anything else as
+//! stale, so a worker that restarted its numbering at 0 would have its
+//! chunks dropped.
 //!
 //! All ranks of a job must therefore call the same collectives in the same
 //! order with the same buffer lengths, as in MPI: then their chunk numbers

@@ -26,10 +26,11 @@
 //! ```
 
 use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
-use xina_proto::header::HEADER_LEN;
+use xina_proto::header::SLOT_VERSION_BIT;
 use xina_proto::{DType, Flags, Kind, MAX_RANKS, Op, Packet, Repr};
 
 use crate::engine::{Allreduce, Config, MAX_DATAGRAM_LEN, Member, RttEstimator, Stats};
@@ -102,75 +103,132 @@ pub struct Reply {
     pub datagram: Vec<u8>,
 }
 
-/// What the [`SwitchModel`] did with the datagrams it was given.
+/// What the [`SwitchModel`] did with the datagrams it was given. Each
+/// datagram lands in exactly one of these but `completed`, as each frame of
+/// the dataplane ends in one outcome counter.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SwitchStats {
     /// Contributions that started a slot copy (first of a chunk).
     pub initialised: u64,
     /// Contributions added to a slot copy.
     pub combined: u64,
-    /// Chunks completed (results sent to all members).
+    /// Chunks completed (results sent to all members). The completing
+    /// contribution is also counted as initialised or combined.
     pub completed: u64,
     /// Results sent from a slot's stored copy to one rank.
     pub from_cache: u64,
     /// Contributions from a rank already counted in an incomplete chunk.
     pub duplicates: u64,
-    /// Contributions older than the slot copy's chunk.
+    /// Contributions for a chunk that is neither the one their slot copy
+    /// holds nor the next one it may take (`seq + 2 × slots`).
     pub stale: u64,
-    /// Contributions whose element count differs from the slot copy's.
-    pub wrong_count: u64,
+    /// Contributions whose shape disagrees with the job (element type, op,
+    /// fan-in, an element count of 0 or above the job's, a root that is not
+    /// a rank) or with the chunk in the slot copy (element count, root).
+    pub bad_shape: u64,
     /// Datagrams that are not xina packets.
     pub malformed: u64,
     /// xina packets refused: not aggregation data, an unknown job, a rank that
-    /// is not a member, a fan-in that is not the job's, a slot outside the
-    /// job's range, an op or element type the model does not implement.
+    /// is not a member, a slot outside the job's range.
     pub rejected: u64,
+}
+
+/// A job as the [`SwitchModel`] holds it: what the control plane installs
+/// in the dataplane's job table, minus the members' addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobConfig {
+    /// Ranks `0..fan_in` contribute to every chunk (1 to 64).
+    pub fan_in: u8,
+    /// The job's aggregator slots `W`; each has two copies.
+    pub slots: u32,
+    /// Most elements in one contribution.
+    pub elems_per_packet: u16,
+    /// How elements combine.
+    pub op: Op,
+    /// The element type.
+    pub dtype: DType,
+}
+
+impl JobConfig {
+    /// An `int32` sum with packets of up to [`DType::max_elems`] elements.
+    pub const fn sum_i32(fan_in: u8, slots: u32) -> Self {
+        Self {
+            fan_in,
+            slots,
+            elems_per_packet: DType::I32.max_elems() as u16,
+            op: Op::Sum,
+            dtype: DType::I32,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
 struct SlotCopy {
     seq: u32,
+    count: u16,
+    root: u8,
     bitmap: u64,
     overflow: bool,
-    values: Vec<i32>,
+    /// Accumulators, clamped to the element type once the chunk completes.
+    values: Vec<i64>,
 }
 
 #[derive(Clone, Debug)]
 struct JobState {
-    fan_in: u8,
-    slots: u32,
+    config: JobConfig,
     /// Slot copies by (slot index, version bit), created on first use.
     copies: HashMap<(u32, bool), SlotCopy>,
 }
 
 impl JobState {
     fn all_ranks(&self) -> u64 {
-        if usize::from(self.fan_in) == MAX_RANKS {
+        if usize::from(self.config.fan_in) == MAX_RANKS {
             u64::MAX
         } else {
-            (1 << self.fan_in) - 1
+            (1 << self.config.fan_in) - 1
         }
     }
 }
 
-/// The switch's aggregation semantics for int32 sums.
+/// The switch's aggregation semantics, as the XDP dataplane implements them
+/// (`ebpf/xina-ebpf/src/slot.rs` and `switch.rs`), for the allreduce
+/// delivery mode: every completed chunk goes to every member.
 ///
-/// For a contribution with sequence number `s` to copy `version` of slot
-/// `slot` (both taken from the header, which the worker derives from `s`):
+/// Admission, in the dataplane's order: the packet must be aggregation data
+/// of an installed job from a rank below its fan-in (else `rejected`); its
+/// element type, op and fan-in must be the job's, its element count between
+/// 1 and the job's elements per packet, its root a rank (else `bad_shape`);
+/// its slot must lie in the job's range (else `rejected`).
 ///
-/// | copy state                                  | action                                       |
-/// |---------------------------------------------|----------------------------------------------|
-/// | empty, or holds an older `seq` (wrapping)   | reset, initialise with this contribution     |
-/// | `seq == s`, element count differs           | drop (`wrong_count`)                         |
-/// | `seq == s`, rank not yet counted            | saturating add; if all ranks: result to all  |
-/// | `seq == s`, rank counted, chunk complete    | stored result to the sender, `FROM_CACHE`    |
-/// | `seq == s`, rank counted, incomplete        | drop (`duplicates`)                          |
-/// | holds a newer `seq`                         | drop (`stale`)                               |
+/// Then, for a contribution with sequence number `s` from rank `r` to copy
+/// `version` of slot `slot` (both taken from the header; `W` is the job's
+/// slot count, so one copy holds chunks `s`, `s + 2W`, ...):
 ///
-/// "Older" is the wrapping comparison `(s - seq) as i32 > 0`. A result carries
-/// [`Flags::OVERFLOW`] if any element saturated, and the bitmap of the ranks
-/// that contributed. A job with `fan_in` 1 completes on every first
+/// | copy holds                 | contribution        | action                                   |
+/// |----------------------------|---------------------|------------------------------------------|
+/// | nothing (never used)       | any `s`             | initialise with it                       |
+/// | chunk `s - 2W` (wrapping)  | `s`                 | initialise with it                       |
+/// | any other chunk than `s`   | `s`                 | drop (`stale`)                           |
+/// | chunk `s`                  | other count or root | drop (`bad_shape`)                       |
+/// | chunk `s`, partial         | `r` not yet counted | combine; if all ranks: result to all     |
+/// | chunk `s`, partial         | `r` counted         | drop (`duplicates`)                      |
+/// | chunk `s`, complete        | `r` counted         | stored result to the sender, `FROM_CACHE`|
+///
+/// Combining: `int32` sums accumulate in `i64` (64 ranks cannot overflow it)
+/// and are clamped to `i32` once, when the chunk completes, with
+/// [`Flags::OVERFLOW`] set if an element had to be, so the result does not
+/// depend on the order of arrival. `int64` sums saturate at each step and
+/// set the flag when they do (so they can depend on the order). Max and min
+/// never overflow. A job with `fan_in` 1 completes on every first
 /// contribution.
+///
+/// A result is the contribution that completed the chunk (or the
+/// retransmission answered from the copy) turned around: kind
+/// [`Kind::AggResult`], the flags byte replaced by the result's flags
+/// (`OVERFLOW`, `FROM_CACHE`; a `RETRANSMIT` bit does not survive), the
+/// bitmap of the ranks that contributed, the payload replaced by the
+/// chunk's values; every other field, the sender's rank, the exponent and
+/// the root among them, is echoed.
 #[derive(Clone, Debug, Default)]
 pub struct SwitchModel {
     jobs: HashMap<u32, JobState>,
@@ -183,21 +241,45 @@ impl SwitchModel {
         Self::default()
     }
 
-    /// Installs (or replaces, with empty slots) a job.
+    /// Installs (or replaces, with empty slots) an `int32` sum job with
+    /// packets of up to [`DType::max_elems`] elements.
     ///
     /// # Panics
     /// If `fan_in` is not in `1..=64` or `slots` is 0.
     pub fn add_job(&mut self, job: u32, fan_in: u8, slots: u32) {
+        self.add_job_with(job, JobConfig::sum_i32(fan_in, slots));
+    }
+
+    /// Installs (or replaces, with empty slots) a job.
+    ///
+    /// # Panics
+    /// If `fan_in` is not in `1..=64`, `slots` is 0 or above 2^31 (the slot
+    /// field's index bits), or `elems_per_packet` is 0 or more than a packet
+    /// holds of the element type.
+    pub fn add_job_with(&mut self, job: u32, config: JobConfig) {
+        let JobConfig {
+            fan_in,
+            slots,
+            elems_per_packet,
+            dtype,
+            ..
+        } = config;
         assert!(
             (1..=MAX_RANKS).contains(&usize::from(fan_in)),
             "fan-in {fan_in}"
         );
-        assert!(slots > 0, "a job needs slots");
+        assert!(
+            slots > 0 && slots <= SLOT_VERSION_BIT,
+            "a job needs 1 to 2^31 slots, not {slots}"
+        );
+        assert!(
+            elems_per_packet > 0 && usize::from(elems_per_packet) <= dtype.max_elems(),
+            "{elems_per_packet} elements of {dtype:?} per packet"
+        );
         self.jobs.insert(
             job,
             JobState {
-                fan_in,
-                slots,
+                config,
                 copies: HashMap::new(),
             },
         );
@@ -223,90 +305,138 @@ impl SwitchModel {
             stats.rejected += 1;
             return None;
         };
-        if repr.kind != Kind::AggData
-            || repr.fan_in != job.fan_in
-            || repr.rank >= job.fan_in
-            || repr.slot >= job.slots
-            || repr.op != Op::Sum
-            || repr.dtype != DType::I32
+        let config = job.config;
+        if repr.kind != Kind::AggData || repr.rank >= config.fan_in {
+            stats.rejected += 1;
+            return None;
+        }
+        if repr.dtype != config.dtype
+            || repr.op != config.op
+            || repr.fan_in != config.fan_in
+            || repr.count == 0
+            || repr.count > config.elems_per_packet
+            || repr.root >= config.fan_in
         {
+            stats.bad_shape += 1;
+            return None;
+        }
+        if repr.slot >= config.slots {
             stats.rejected += 1;
             return None;
         }
         let all = job.all_ranks();
         let bit = 1u64 << repr.rank;
-        let values = packet.payload().chunks_exact(4).map(|b| {
-            let mut raw = [0; 4];
-            raw.copy_from_slice(b);
-            i32::from_be_bytes(raw)
-        });
-        let copy = job.copies.entry((repr.slot, repr.slot_version));
-        let copy = match copy {
-            std::collections::hash_map::Entry::Vacant(vacant) => {
+        let reuse = config.slots.wrapping_mul(2);
+        let values = elements(packet.payload(), config.dtype);
+        let fresh = |values| SlotCopy {
+            seq: repr.seq,
+            count: repr.count,
+            root: repr.root,
+            bitmap: bit,
+            overflow: false,
+            values,
+        };
+        let copy = match job.copies.entry((repr.slot, repr.slot_version)) {
+            Entry::Vacant(vacant) => {
                 stats.initialised += 1;
-                vacant.insert(SlotCopy {
-                    seq: repr.seq,
-                    bitmap: bit,
-                    overflow: false,
-                    values: values.collect(),
-                })
+                vacant.insert(fresh(values))
             }
-            std::collections::hash_map::Entry::Occupied(occupied) => {
+            Entry::Occupied(occupied) => {
                 let copy = occupied.into_mut();
-                let age = repr.seq.wrapping_sub(copy.seq).cast_signed();
-                if age > 0 {
+                if repr.seq == copy.seq.wrapping_add(reuse) {
+                    // A rank sends chunk s + 2W only after it has the result
+                    // of s + W, so every rank had the result of s.
                     stats.initialised += 1;
-                    *copy = SlotCopy {
-                        seq: repr.seq,
-                        bitmap: bit,
-                        overflow: false,
-                        values: values.collect(),
-                    };
-                } else if age < 0 {
+                    *copy = fresh(values);
+                } else if repr.seq != copy.seq {
                     stats.stale += 1;
                     return None;
-                } else if copy.values.len() != usize::from(repr.count) {
-                    stats.wrong_count += 1;
+                } else if repr.count != copy.count || repr.root != copy.root {
+                    stats.bad_shape += 1;
                     return None;
                 } else if copy.bitmap & bit != 0 {
                     if copy.bitmap == all {
                         stats.from_cache += 1;
                         return Some(Reply {
                             to: Destination::Rank(repr.rank),
-                            datagram: result(&repr, copy, job.fan_in, true),
+                            datagram: result(&repr, copy, config.dtype, true),
                         });
                     }
                     stats.duplicates += 1;
                     return None;
                 } else {
                     stats.combined += 1;
-                    for (sum, value) in copy.values.iter_mut().zip(values) {
-                        let (wrapped, overflowed) = sum.overflowing_add(value);
-                        *sum = if overflowed {
-                            sum.saturating_add(value)
-                        } else {
-                            wrapped
-                        };
-                        copy.overflow |= overflowed;
+                    for (acc, value) in copy.values.iter_mut().zip(values) {
+                        let (combined, saturated) = combine(config, *acc, value);
+                        *acc = combined;
+                        copy.overflow |= saturated;
                     }
                     copy.bitmap |= bit;
                 }
                 copy
             }
         };
-        if copy.bitmap == all {
-            stats.completed += 1;
-            return Some(Reply {
-                to: Destination::AllMembers,
-                datagram: result(&repr, copy, job.fan_in, false),
-            });
+        if copy.bitmap != all {
+            return None;
         }
-        None
+        // Complete: clamp once to the element type.
+        for value in &mut copy.values {
+            let (clamped, over) = clamp(config.dtype, *value);
+            *value = clamped;
+            copy.overflow |= over;
+        }
+        stats.completed += 1;
+        Some(Reply {
+            to: Destination::AllMembers,
+            datagram: result(&repr, copy, config.dtype, false),
+        })
+    }
+}
+
+/// The payload's elements, sign-extended to `i64`.
+fn elements(payload: &[u8], dtype: DType) -> Vec<i64> {
+    payload
+        .chunks_exact(dtype.size())
+        .map(|b| match dtype {
+            DType::I32 => i64::from(i32::from_be_bytes([b[0], b[1], b[2], b[3]])),
+            DType::I64 => {
+                let mut raw = [0; 8];
+                raw.copy_from_slice(b);
+                i64::from_be_bytes(raw)
+            }
+        })
+        .collect()
+}
+
+/// Combines an accumulator with a value; `true` if a sum saturated.
+fn combine(config: JobConfig, acc: i64, value: i64) -> (i64, bool) {
+    match (config.op, config.dtype) {
+        // |sum| <= 64 × 2^31 = 2^37.
+        (Op::Sum, DType::I32) => (acc + value, false),
+        (Op::Sum, DType::I64) => match acc.checked_add(value) {
+            Some(sum) => (sum, false),
+            // Saturate in the direction of the true sum.
+            None if value > 0 => (i64::MAX, true),
+            None => (i64::MIN, true),
+        },
+        (Op::Max, _) => (acc.max(value), false),
+        (Op::Min, _) => (acc.min(value), false),
+    }
+}
+
+/// Clamps an accumulator to the element type; `true` if it had to.
+fn clamp(dtype: DType, value: i64) -> (i64, bool) {
+    match dtype {
+        DType::I32 => {
+            let clamped = value.clamp(i64::from(i32::MIN), i64::from(i32::MAX));
+            (clamped, clamped != value)
+        }
+        DType::I64 => (value, false),
     }
 }
 
 /// The result datagram of a complete slot copy, answering contribution `to`.
-fn result(to: &Repr, copy: &SlotCopy, fan_in: u8, from_cache: bool) -> Vec<u8> {
+fn result(to: &Repr, copy: &SlotCopy, dtype: DType, from_cache: bool) -> Vec<u8> {
     let mut flags = 0;
     if copy.overflow {
         flags |= Flags::OVERFLOW;
@@ -317,17 +447,24 @@ fn result(to: &Repr, copy: &SlotCopy, fan_in: u8, from_cache: bool) -> Vec<u8> {
     let repr = Repr {
         kind: Kind::AggResult,
         flags: Flags(flags),
-        fan_in,
         bitmap: copy.bitmap,
-        seq: copy.seq,
-        exponent: 0,
+        root: copy.root,
         ..*to
     };
-    let mut buf = vec![0; HEADER_LEN + 4 * copy.values.len()];
+    let mut buf = vec![0; repr.buffer_len()];
     let mut packet = Packet::new_unchecked(&mut buf[..]);
     repr.emit(&mut packet);
-    for (dst, value) in packet.payload_mut().chunks_exact_mut(4).zip(&copy.values) {
-        dst.copy_from_slice(&value.to_be_bytes());
+    let size = dtype.size();
+    for (dst, value) in packet
+        .payload_mut()
+        .chunks_exact_mut(size)
+        .zip(&copy.values)
+    {
+        match dtype {
+            // Clamped to the type's range when the chunk completed.
+            DType::I32 => dst.copy_from_slice(&(*value as i32).to_be_bytes()),
+            DType::I64 => dst.copy_from_slice(&value.to_be_bytes()),
+        }
     }
     buf
 }
@@ -608,7 +745,13 @@ impl Cluster {
             .expect("valid cluster parameters");
         config.engine.validate().expect("valid engine config");
         let mut switch = SwitchModel::new();
-        switch.add_job(config.job, config.fan_in, config.slots);
+        switch.add_job_with(
+            config.job,
+            JobConfig {
+                elems_per_packet: config.elems_per_packet,
+                ..JobConfig::sum_i32(config.fan_in, config.slots)
+            },
+        );
         let ranks = usize::from(config.fan_in);
         let origin = Instant::now();
         Self {

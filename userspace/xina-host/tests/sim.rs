@@ -7,8 +7,13 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use xina_host::sim::{Cluster, ClusterConfig, LinkConfig, Round, SplitMix64, Stalled};
+use xina_host::sim::{
+    Cluster, ClusterConfig, Destination, JobConfig, LinkConfig, Reply, Round, SplitMix64, Stalled,
+    SwitchModel, SwitchStats,
+};
 use xina_host::{Error, Stats};
+use xina_proto::header::HEADER_LEN;
+use xina_proto::{DType, Flags, Kind, Op, Packet, Repr};
 
 /// Inputs whose sums cannot overflow for up to 64 ranks (|x| <= 2^24).
 fn inputs(fan_in: u8, len: usize, seed: u64) -> Vec<Vec<i32>> {
@@ -302,6 +307,355 @@ fn a_stalled_cluster_is_reported_not_hung() {
     let mut buffers = inputs(2, 8, 0);
     let stalled: Stalled = cluster.allreduce(&mut buffers).expect_err("stalls");
     assert_eq!((stalled.reason, stalled.pending), ("time limit", vec![1]));
+}
+
+/// One `int32` contribution to the switch model, as a worker sends it.
+struct Contribution {
+    rank: u8,
+    fan_in: u8,
+    seq: u32,
+    slot: u32,
+    version: bool,
+    root: u8,
+    flags: u8,
+    exponent: i8,
+}
+
+impl Contribution {
+    /// Rank `rank`'s contribution to chunk `seq` of a job of `fan_in` ranks
+    /// and `slots` slots, in the slot and copy a worker derives from `seq`.
+    fn new(rank: u8, fan_in: u8, seq: u32, slots: u32) -> Self {
+        Self {
+            rank,
+            fan_in,
+            seq,
+            slot: seq % slots,
+            version: (seq / slots) % 2 == 1,
+            root: 0,
+            flags: 0,
+            exponent: 0,
+        }
+    }
+
+    /// An `int32` sum contribution.
+    fn datagram(&self, values: &[i32]) -> Vec<u8> {
+        let values: Vec<i64> = values.iter().map(|v| i64::from(*v)).collect();
+        self.datagram_of(Op::Sum, DType::I32, &values)
+    }
+
+    fn datagram_of(&self, op: Op, dtype: DType, values: &[i64]) -> Vec<u8> {
+        let repr = Repr {
+            kind: Kind::AggData,
+            flags: Flags(self.flags),
+            job: 1,
+            rank: self.rank,
+            fan_in: self.fan_in,
+            op,
+            dtype,
+            seq: self.seq,
+            slot: self.slot,
+            slot_version: self.version,
+            count: u16::try_from(values.len()).unwrap(),
+            exponent: self.exponent,
+            root: self.root,
+            bitmap: 0,
+        };
+        let mut buf = vec![0; HEADER_LEN + dtype.size() * values.len()];
+        let mut packet = Packet::new_unchecked(&mut buf[..]);
+        repr.emit(&mut packet);
+        for (i, v) in values.iter().enumerate() {
+            match dtype {
+                DType::I32 => packet.set_i32_at(i, i32::try_from(*v).unwrap()),
+                DType::I64 => packet.set_i64_at(i, *v),
+            }
+        }
+        buf
+    }
+}
+
+/// A result's header and values.
+fn parse_result(reply: &Reply) -> (Repr, Vec<i32>) {
+    let packet = Packet::new_checked(&reply.datagram[..]).expect("a whole packet");
+    let repr = Repr::parse(&packet).expect("a valid header");
+    assert_eq!(repr.kind, Kind::AggResult);
+    let values = (0..usize::from(repr.count))
+        .map(|i| packet.i32_at(i))
+        .collect();
+    (repr, values)
+}
+
+/// Every order of `0..n`.
+fn permutations(n: usize) -> Vec<Vec<usize>> {
+    if n == 0 {
+        return vec![Vec::new()];
+    }
+    let mut out = Vec::new();
+    for rest in permutations(n - 1) {
+        for at in 0..=rest.len() {
+            let mut p = rest.clone();
+            p.insert(at, n - 1);
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Feeds one chunk's contributions (`inputs[rank]`) to a fresh model in
+/// `order`; returns the result every member receives.
+fn sum_in_order(inputs: &[Vec<i32>], order: &[usize]) -> (Repr, Vec<i32>) {
+    let fan_in = u8::try_from(inputs.len()).unwrap();
+    let mut model = SwitchModel::new();
+    model.add_job(1, fan_in, 1);
+    let mut replies = Vec::new();
+    for &rank in order {
+        let c = Contribution::new(u8::try_from(rank).unwrap(), fan_in, 0, 1);
+        replies.extend(model.handle(&c.datagram(&inputs[rank])));
+    }
+    assert_eq!(replies.len(), 1, "order {order:?}: one result");
+    assert_eq!(replies[0].to, Destination::AllMembers);
+    parse_result(&replies[0])
+}
+
+/// `int32` sums accumulate wider than `i32` and are clamped once, when the
+/// chunk completes: `MAX + 1 - 1` is `MAX` in every order of arrival, with
+/// no overflow flag, and a sum that really does not fit is clamped and
+/// flagged in every order, whichever contribution arrives last.
+#[test]
+fn int32_sums_do_not_depend_on_the_order_of_arrival() {
+    let (max, min) = (i32::MAX, i32::MIN);
+    // Element by element, three ranks; each column's true sum fits an i32.
+    let fits = vec![
+        vec![max, min, max, 5, max, -1],
+        vec![1, -1, max, -7, min, min],
+        vec![-1, 1, min, 2, 0, 1],
+    ];
+    let exact = vec![max, min, max - 1, 0, -1, min];
+    // The first element's true sum is 2^31: it does not fit.
+    let over = vec![vec![max, 3], vec![1, 4], vec![0, -2]];
+    for order in permutations(3) {
+        let (repr, values) = sum_in_order(&fits, &order);
+        assert_eq!(values, exact, "order {order:?}");
+        assert!(
+            !repr.flags.contains(Flags::OVERFLOW),
+            "order {order:?}: no overflow when the sum fits"
+        );
+        assert_eq!(repr.bitmap, 0b111);
+
+        let (repr, values) = sum_in_order(&over, &order);
+        assert_eq!(values, vec![max, 5], "order {order:?}");
+        assert!(repr.flags.contains(Flags::OVERFLOW), "order {order:?}");
+    }
+    // With the most ranks a job has, partial sums run to ±32 × 2^31 and
+    // back: all the MAX first, all the MIN first, or alternating.
+    let many: Vec<Vec<i32>> = (0..64)
+        .map(|r| vec![if r < 32 { max } else { min }, min])
+        .collect();
+    let alternating: Vec<usize> = (0..32).flat_map(|r| [r, r + 32]).collect();
+    for order in [(0..64).collect(), (0..64).rev().collect(), alternating] {
+        let (repr, values) = sum_in_order(&many, &order);
+        // The second column (64 × MIN) is far below the range.
+        assert_eq!(values, vec![-32, min]);
+        assert!(repr.flags.contains(Flags::OVERFLOW));
+    }
+}
+
+/// A slot copy takes a new chunk only when it is empty or the chunk is the
+/// one `2W` after the copy's; any other sequence number is stale, ahead or
+/// behind, and leaves the copy as it was.
+#[test]
+fn a_copy_moves_on_only_to_the_chunk_two_windows_ahead() {
+    const W: u32 = 3;
+    let mut model = SwitchModel::new();
+    model.add_job(1, 2, W);
+    let both = |model: &mut SwitchModel, seq: u32, values: [i32; 2]| {
+        let a = model.handle(&Contribution::new(0, 2, seq, W).datagram(&[values[0]]));
+        assert_eq!(a, None, "seq {seq}: rank 0 alone does not complete");
+        model.handle(&Contribution::new(1, 2, seq, W).datagram(&[values[1]]))
+    };
+    // Chunk 10: slot 1, copy 1 (10 / W is odd).
+    let r = both(&mut model, 10, [10, 20]).expect("chunk 10 completes");
+    assert_eq!(parse_result(&r).1, vec![30]);
+
+    let stale_before = model.stats().stale;
+    // Other chunks in the same copy: 10 - 2W, 10 + 4W (newer, but not the
+    // next one), and (with the copy bit forged, as no worker would send
+    // them there) 10 + W, 10 + 2W + 1 and 10 + 2W + 2^31: all stale.
+    for seq in [
+        10 - 2 * W,
+        10 + 4 * W,
+        10 + W,
+        10 + 2 * W + 1,
+        (10 + 2 * W).wrapping_add(1 << 31),
+    ] {
+        let mut c = Contribution::new(0, 2, seq, W);
+        (c.slot, c.version) = (1, true);
+        assert_eq!(model.handle(&c.datagram(&[99])), None, "seq {seq}");
+    }
+    assert_eq!(model.stats().stale - stale_before, 5);
+    // The copy still holds chunk 10 and answers a retransmission of it.
+    let again = model
+        .handle(&Contribution::new(1, 2, 10, W).datagram(&[20]))
+        .expect("a stored result");
+    assert_eq!(again.to, Destination::Rank(1));
+    let (repr, values) = parse_result(&again);
+    assert_eq!((repr.seq, values), (10, vec![30]));
+    assert!(repr.flags.contains(Flags::FROM_CACHE));
+
+    // Chunk 10 + 2W takes the copy over, and the result of chunk 10 is
+    // gone from it.
+    let next = 10 + 2 * W;
+    assert_eq!(
+        model.handle(&Contribution::new(0, 2, next, W).datagram(&[1])),
+        None
+    );
+    assert_eq!(
+        model.handle(&Contribution::new(1, 2, 10, W).datagram(&[20])),
+        None,
+        "chunk 10 is stale now"
+    );
+    let r = model
+        .handle(&Contribution::new(1, 2, next, W).datagram(&[2]))
+        .expect("chunk 16 completes");
+    assert_eq!(parse_result(&r).1, vec![3]);
+    // A partial copy is taken over as well (no worker does that: it would
+    // need the result of the chunk in between, which needs this one).
+    let later = next + 2 * W;
+    assert_eq!(
+        model.handle(&Contribution::new(0, 2, later, W).datagram(&[5])),
+        None
+    );
+    let over = next + 4 * W;
+    assert_eq!(
+        model.handle(&Contribution::new(0, 2, over, W).datagram(&[7])),
+        None
+    );
+    let r = model
+        .handle(&Contribution::new(1, 2, over, W).datagram(&[8]))
+        .expect("chunk 28 completes on its own values");
+    assert_eq!(parse_result(&r).1, vec![15]);
+}
+
+/// The result echoes the header of the contribution that completed it
+/// (root, exponent, sequence number, slot) with the flags byte replaced;
+/// contributions whose root or count disagree with the chunk are bad shape.
+#[test]
+fn results_echo_the_root_and_shapes_must_agree() {
+    let mut model = SwitchModel::new();
+    model.add_job_with(
+        1,
+        JobConfig {
+            elems_per_packet: 4,
+            ..JobConfig::sum_i32(3, 2)
+        },
+    );
+    let with = |rank, root, flags| Contribution {
+        root,
+        flags,
+        exponent: -5,
+        ..Contribution::new(rank, 3, 7, 2)
+    };
+    assert_eq!(model.handle(&with(0, 2, 0).datagram(&[1, 2])), None);
+    // Another root, another count, a root that is not a rank, too many
+    // elements, no elements.
+    assert_eq!(model.handle(&with(1, 1, 0).datagram(&[1, 2])), None);
+    assert_eq!(model.handle(&with(1, 2, 0).datagram(&[1, 2, 3])), None);
+    assert_eq!(model.handle(&with(1, 3, 0).datagram(&[1, 2])), None);
+    assert_eq!(model.handle(&with(1, 2, 0).datagram(&[1; 5])), None);
+    assert_eq!(model.handle(&with(1, 2, 0).datagram(&[])), None);
+    assert_eq!(
+        *model.stats(),
+        SwitchStats {
+            initialised: 1,
+            bad_shape: 5,
+            ..SwitchStats::default()
+        }
+    );
+    assert_eq!(model.handle(&with(1, 2, 0).datagram(&[3, 4])), None);
+    let r = model
+        .handle(&with(2, 2, Flags::RETRANSMIT).datagram(&[5, 6]))
+        .expect("complete");
+    let (repr, values) = parse_result(&r);
+    assert_eq!(values, vec![9, 12]);
+    assert_eq!(
+        (
+            repr.root,
+            repr.exponent,
+            repr.seq,
+            repr.slot,
+            repr.slot_version
+        ),
+        (2, -5, 7, 1, true)
+    );
+    assert_eq!((repr.rank, repr.bitmap, repr.flags), (2, 0b111, Flags(0)));
+}
+
+/// Max and min, and `int64` sums, which saturate at each step as the
+/// dataplane's do: unlike `int32` sums, their result and overflow flag can
+/// depend on the order of arrival.
+#[test]
+fn max_min_and_int64_sums_follow_the_dataplane() {
+    let run = |op, dtype, inputs: &[Vec<i64>], order: &[usize]| {
+        let mut model = SwitchModel::new();
+        model.add_job_with(
+            1,
+            JobConfig {
+                op,
+                dtype,
+                elems_per_packet: 8,
+                ..JobConfig::sum_i32(3, 4)
+            },
+        );
+        let mut replies = Vec::new();
+        for &rank in order {
+            let c = Contribution::new(u8::try_from(rank).unwrap(), 3, 5, 4);
+            replies.extend(model.handle(&c.datagram_of(op, dtype, &inputs[rank])));
+        }
+        assert_eq!(replies.len(), 1);
+        let packet = Packet::new_checked(&replies[0].datagram[..]).unwrap();
+        let repr = Repr::parse(&packet).unwrap();
+        assert_eq!((repr.op, repr.dtype), (op, dtype));
+        let values: Vec<i64> = (0..usize::from(repr.count))
+            .map(|i| match dtype {
+                DType::I32 => i64::from(packet.i32_at(i)),
+                DType::I64 => packet.i64_at(i),
+            })
+            .collect();
+        (values, repr.flags.contains(Flags::OVERFLOW))
+    };
+    let small = [vec![3, -7, 0], vec![5, 2, 0], vec![-1, 9, -4]];
+    for order in permutations(3) {
+        assert_eq!(
+            run(Op::Max, DType::I32, &small, &order),
+            (vec![5, 9, 0], false)
+        );
+        assert_eq!(
+            run(Op::Min, DType::I64, &small, &order),
+            (vec![-1, -7, -4], false)
+        );
+    }
+    // A contribution whose op is not the job's is bad shape: no reply.
+    let mut model = SwitchModel::new();
+    model.add_job_with(
+        1,
+        JobConfig {
+            op: Op::Max,
+            ..JobConfig::sum_i32(2, 1)
+        },
+    );
+    let c = Contribution::new(0, 2, 0, 1);
+    assert_eq!(model.handle(&c.datagram(&[1])), None);
+    assert_eq!(model.stats().bad_shape, 1);
+
+    let big = [vec![i64::MAX], vec![1], vec![-1]];
+    assert_eq!(
+        run(Op::Sum, DType::I64, &big, &[0, 1, 2]),
+        (vec![i64::MAX - 1], true),
+        "saturates at MAX + 1, then subtracts"
+    );
+    assert_eq!(
+        run(Op::Sum, DType::I64, &big, &[0, 2, 1]),
+        (vec![i64::MAX], false)
+    );
 }
 
 proptest! {
