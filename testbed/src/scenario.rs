@@ -90,6 +90,33 @@ pub struct RunOptions {
     /// Reads the dataplane's per-CPU counters with `bpftool` before, during
     /// and after the run ([`AllreduceReport::per_cpu`]).
     pub per_cpu: bool,
+    /// Puts a lossy link on every worker's interface, disturbing xina
+    /// traffic in both directions ([`AllreduceReport::lossy`]).
+    pub loss: Option<Loss>,
+}
+
+/// Faults injected on every worker's link, in parts per million of xina
+/// frames, in both directions (to the switch and from it); delays (which
+/// reorder) only towards the switch, see [`crate::lossy`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Loss {
+    pub drop_ppm: u32,
+    pub duplicate_ppm: u32,
+    pub delay_ppm: u32,
+}
+
+/// Rate of the lossy links' slow class: a delayed 1 KB frame waits 0.4 ms
+/// or more.
+const LOSSY_SLOW_RATE: &str = "20mbit";
+
+/// What one worker's lossy link did.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct LossyReport {
+    pub rank: usize,
+    /// Frames from the worker to the switch.
+    pub to_switch: crate::lossy::Counts,
+    /// Frames from the switch to the worker.
+    pub from_switch: crate::lossy::Counts,
 }
 
 impl Default for RunOptions {
@@ -98,6 +125,7 @@ impl Default for RunOptions {
             queues: 1,
             pin_cpus: false,
             per_cpu: false,
+            loss: None,
         }
     }
 }
@@ -196,6 +224,9 @@ pub struct AllreduceReport {
     pub ports: Vec<PortReport>,
     /// Per-CPU counters, when [`RunOptions::per_cpu`] asked for them.
     pub per_cpu: Option<PerCpuReport>,
+    /// What each worker's lossy link did, when [`RunOptions::loss`] asked
+    /// for them.
+    pub lossy: Vec<LossyReport>,
     /// Wall time from the common start to the last worker's finish.
     pub elapsed_s: f64,
     /// The switch configuration that was installed.
@@ -221,14 +252,18 @@ impl AllreduceReport {
     /// Why the run does not prove in-switch aggregation, if it does not:
     /// every contribution must have reached the switch exactly once
     /// (`contributions = workers × chunks`), every chunk completed there
-    /// once, one copy per worker left it, and every frame the switch saw is
-    /// accounted for by exactly one outcome counter.
+    /// once, one copy per worker left it (plus one per retransmission
+    /// answered from a slot), and every frame the switch saw is accounted for
+    /// by exactly one outcome counter.
     pub fn switch_accounting_error(&self) -> Option<String> {
         let w = self.spec.workers as u64;
         let expect = [
             (Counter::Contributions, w * self.chunks),
             (Counter::Completed, self.chunks),
-            (Counter::ResultsSent, w * self.chunks),
+            (
+                Counter::ResultsSent,
+                w * self.chunks + self.counter(Counter::ReplyFromCache),
+            ),
         ];
         let mut wrong: Vec<String> = expect
             .iter()
@@ -282,26 +317,30 @@ impl AllreduceReport {
 
     /// Why the per-port counters do not show one contribution per chunk
     /// arriving from each rank on its own port and one result per chunk
-    /// leaving through every port, if they do not. Only meaningful when every
-    /// rank took part.
+    /// (plus one per retransmission answered from a slot, which goes back
+    /// out of the port it came in by) leaving through every port, if they do
+    /// not. Only meaningful when every rank took part.
     pub fn port_accounting_error(&self) -> Option<String> {
         let wrong: Vec<String> = self
             .ports
             .iter()
             .flat_map(|p| {
-                [Counter::Contributions, Counter::ResultsSent]
-                    .into_iter()
-                    .filter(|c| p.counter(*c) != self.chunks)
-                    .map(move |c| {
-                        format!(
-                            "port {} (rank {}): {} = {} (expected {})",
-                            p.name,
-                            p.rank,
-                            c.name(),
-                            p.counter(c),
-                            self.chunks
-                        )
-                    })
+                let replies = p.counter(Counter::ReplyFromCache);
+                [
+                    (Counter::Contributions, self.chunks),
+                    (Counter::ResultsSent, self.chunks + replies),
+                ]
+                .into_iter()
+                .filter(|(c, want)| p.counter(*c) != *want)
+                .map(move |(c, want)| {
+                    format!(
+                        "port {} (rank {}): {} = {} (expected {want})",
+                        p.name,
+                        p.rank,
+                        c.name(),
+                        p.counter(c),
+                    )
+                })
             })
             .collect();
         (!wrong.is_empty()).then(|| wrong.join(", "))
@@ -570,8 +609,39 @@ pub fn run_allreduce_on(
         queues: star.queues(),
         ..options
     };
+    let links = match options.loss {
+        Some(loss) => attach_lossy_links(star, loss)?,
+        None => Vec::new(),
+    };
     // The switch is detached (by dropping it) on every path out.
-    run_workers(star, &dp, spec, options, config)
+    let mut report = run_workers(star, &dp, spec, options, config)?;
+    for (rank, link) in links.iter().enumerate() {
+        report.lossy.push(LossyReport {
+            rank,
+            to_switch: link.counts(xina_proto::lossy::direction::EGRESS)?,
+            from_switch: link.counts(xina_proto::lossy::direction::INGRESS)?,
+        });
+    }
+    Ok(report)
+}
+
+/// A lossy link on every worker's interface, as `loss` says.
+fn attach_lossy_links(star: &Star, loss: Loss) -> anyhow::Result<Vec<crate::lossy::LossyLink>> {
+    let to_switch = crate::lossy::rates(loss.drop_ppm, loss.duplicate_ppm, loss.delay_ppm, true);
+    let from_switch = crate::lossy::rates(loss.drop_ppm, loss.duplicate_ppm, 0, true);
+    star.workers()
+        .iter()
+        .map(|w| {
+            crate::lossy::LossyLink::attach(
+                w.ns(),
+                &w.iface,
+                to_switch,
+                from_switch,
+                LOSSY_SLOW_RATE,
+            )
+            .with_context(|| format!("lossy link on worker {}", w.rank))
+        })
+        .collect()
 }
 
 fn check_workers(spec: &AllreduceSpec) -> anyhow::Result<()> {
@@ -807,6 +877,7 @@ fn run_workers(
         job_counters: job_counters.to_map(),
         ports,
         per_cpu,
+        lossy: Vec::new(),
         elapsed_s: end.duration_since(start).as_secs_f64(),
         config,
     })

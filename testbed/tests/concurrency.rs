@@ -181,6 +181,7 @@ fn eight_ranks_pinned_to_two_cpus_sum_exactly_run_after_run() {
         queues: QUEUES,
         pin_cpus: true,
         per_cpu: true,
+        loss: None,
     };
     let started = Instant::now();
     let (mut overlapping, mut intervals) = (0, 0);

@@ -72,7 +72,8 @@ pub struct Pending {
     /// The sender's switch port.
     pub ifindex: u32,
     pub mode: u32,
-    pub _pad: u32,
+    /// The sender's port in `PORTS`, or `NO_PORT_INDEX`.
+    pub port_index: u32,
 }
 
 /// Per-CPU scratch of the ingress path: the admitted contribution, and its

@@ -11,7 +11,7 @@ use xina_proto::{
     DType, Flags, Kind, MAX_PAYLOAD, MAX_RANKS, XINA_UDP_PORT, checksum,
     counters::Counter,
     header::{SLOT_VERSION_BIT, field},
-    maps::{MemberKey, mode},
+    maps::{MemberKey, NO_PORT_INDEX, mode},
     net::{ETH_DST, ETH_SRC, IPV4_DST, IPV4_SRC, UDP_CSUM, UDP_DPORT, UDP_SPORT},
 };
 
@@ -88,7 +88,7 @@ pub fn try_switch(ctx: &XdpContext, tally: &mut Tally) -> Result<Verdict, Verdic
         job: job_id,
         ifindex: member.ifindex,
         mode: u32::from(job.mode),
-        _pad: 0,
+        port_index: member.port_index,
     };
     let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
         return Err(Error::Internal.into());
@@ -209,8 +209,18 @@ pub fn aggregate<E: Elem, C: Combine, const N: usize>(
             let src_mac = packet::get::<6>(ctx, ETH_SRC)?;
             packet::put(ctx, ETH_DST, src_mac)?;
             packet::put(ctx, ETH_SRC, dst_mac)?;
-            // SAFETY: a plain helper call with an interface index.
-            let action = unsafe { bpf_redirect(p.ifindex, 0) };
+            // Through the port's devmap entry, like the broadcast copies: the
+            // kernel batches a NAPI cycle's redirects to one device and runs
+            // the egress program of the batch's first frame on all of them,
+            // so a plain `bpf_redirect` mixed with broadcast copies would
+            // send copies out unaddressed (or run the egress program on this
+            // reply). The egress program addresses it to the same member.
+            let action = if p.port_index == NO_PORT_INDEX {
+                // SAFETY: a plain helper call with an interface index.
+                (unsafe { bpf_redirect(p.ifindex, 0) }) as u32
+            } else {
+                PORTS.redirect(p.port_index, 0).map_err(|_| Error::Redirect)?
+            };
             Ok(Verdict::new(Counter::ReplyFromCache, action as u32))
         }
         Outcome::Duplicate => Err(Error::Duplicate.into()),

@@ -158,7 +158,13 @@ pub struct Member {
     pub ifindex: u32,
     /// The member's rank.
     pub rank: u32,
+    /// Index of that switch port in the `PORTS` devmap, or [`NO_PORT_INDEX`].
+    pub port_index: u32,
 }
+
+/// `Member::port_index` of a member whose port is not in the `PORTS` devmap
+/// (only in test runs, which attach nothing).
+pub const NO_PORT_INDEX: u32 = u32::MAX;
 
 /// The kernel's `struct bpf_spin_lock`. The verifier finds the lock of a map
 /// value by this exact BTF type name, hence the C-style name.
@@ -228,7 +234,7 @@ const _: () = {
     assert!(size_of::<Job>() == 24);
     assert!(size_of::<MemberKey>() == 8);
     assert!(size_of::<PortKey>() == 8);
-    assert!(size_of::<Member>() == 28);
+    assert!(size_of::<Member>() == 32);
     assert!(size_of::<bpf_spin_lock>() == 4);
     assert!(size_of::<Slot>() == 32 + 8 * MAX_ELEMS);
 };

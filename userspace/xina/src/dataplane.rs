@@ -22,7 +22,8 @@ use xina_proto::{
     DType, MAX_RANKS, Op,
     counters::Counter,
     maps::{
-        CounterBlock, DEFAULT_SLOT_POOL, Job, MAX_PORTS, Member, MemberKey, PortKey, Slot, mode,
+        CounterBlock, DEFAULT_SLOT_POOL, Job, MAX_PORTS, Member, MemberKey, NO_PORT_INDEX, PortKey,
+        Slot, mode,
         names, programs,
     },
 };
@@ -560,7 +561,7 @@ impl Dataplane {
                     job: job.id,
                     rank: u32::from(m.rank),
                 };
-                members.insert(key, member_value(m), 0).map_err(map_err(
+                members.insert(key, member_value(m, &self.ports), 0).map_err(map_err(
                     names::MEMBERS,
                     format!("job {} rank {}", job.id, m.rank),
                 ))?;
@@ -574,7 +575,7 @@ impl Dataplane {
                     job: job.id,
                     ifindex: m.ifindex,
                 };
-                by_port.insert(key, member_value(m), 0).map_err(map_err(
+                by_port.insert(key, member_value(m, &self.ports), 0).map_err(map_err(
                     names::PORT_MEMBERS,
                     format!("job {} rank {}", job.id, m.rank),
                 ))?;
@@ -767,7 +768,11 @@ impl Drop for Dataplane {
     }
 }
 
-fn member_value(m: &MemberSpec) -> Member {
+fn member_value(m: &MemberSpec, ports: &[Port]) -> Member {
+    let port_index = ports
+        .iter()
+        .position(|p| p.ifindex == m.ifindex)
+        .map_or(NO_PORT_INDEX, |i| u32::try_from(i).expect("at most MAX_PORTS ports"));
     Member {
         ip: m.ip.octets(),
         port: m.udp_port.to_be_bytes(),
@@ -776,6 +781,7 @@ fn member_value(m: &MemberSpec) -> Member {
         _pad: [0; 2],
         ifindex: m.ifindex,
         rank: u32::from(m.rank),
+        port_index,
     }
 }
 
