@@ -6,8 +6,11 @@
 //! - [`topology`]: the star topology (one switch, N workers).
 //! - [`scenario`]: the allreduce scenario behind the demo and the tests.
 //! - [`ethtool`]: the interface offload toggles the topology needs.
+//! - [`bench`]: `bench switch`, the switch's in-kernel cost per packet and
+//!   path against an `XDP_DROP` baseline, and end-to-end packet rates.
 //! - [`lossy`]: a lossy link (drops, duplicates, reordering) on a veth.
 
+pub mod bench;
 pub mod ethtool;
 pub mod lossy;
 pub mod netns;

@@ -4,7 +4,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use xina_testbed::{netns, scenario};
+use xina_testbed::{bench, netns, scenario};
 
 #[derive(Debug, Parser)]
 #[command(version, about = "xina on network namespaces: demos and scenarios")]
@@ -18,6 +18,157 @@ enum Command {
     /// Build a star (one XDP switch, N workers), allreduce random int32
     /// vectors through the switch, check the result, print a table, clean up.
     Demo(DemoArgs),
+    /// Benchmarks (see the subcommands).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// What one packet costs the switch in the kernel, per path through the
+    /// slot state machine, against a drop-only baseline (kernel test runs
+    /// over streams of distinct frames; medians over rounds); then the
+    /// packets per second real senders get through it in namespaces.
+    Switch(BenchSwitchArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchSwitchArgs {
+    /// Elements per packet of the in-kernel (test run) cases.
+    #[arg(long, value_delimiter = ',', default_values_t = [64u16, 256])]
+    elems: Vec<u16>,
+    /// Element types and ops of the in-kernel cases (a type's rows are skipped
+    /// at sizes that do not fit a packet).
+    #[arg(long, value_enum, value_delimiter = ',',
+          default_values_t = [bench::Variant::I32Sum, bench::Variant::I32Max, bench::Variant::I64Sum])]
+    types: Vec<bench::Variant>,
+    /// Rounds of the whole measurement (fresh job each); medians are reported.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Distinct frames per path and round.
+    #[arg(long, default_value_t = 2048)]
+    stream: u32,
+    /// Slots of the benchmark job.
+    #[arg(long, default_value_t = 64)]
+    slots: u32,
+    /// `repeat` of the single-frame runs (duplicate, unknown job, harness).
+    #[arg(long, default_value_t = 10_000)]
+    repeat: u32,
+    /// Workers of the end-to-end runs.
+    #[arg(long, default_value_t = 4)]
+    e2e_workers: usize,
+    /// Elements (int32) per worker of the end-to-end runs.
+    #[arg(long, default_value_t = 2_000_000)]
+    e2e_elements: usize,
+    /// Elements per packet of the end-to-end runs.
+    #[arg(long, value_delimiter = ',', default_values_t = [64u16, 256])]
+    e2e_elems: Vec<u16>,
+    /// Skip the end-to-end runs.
+    #[arg(long)]
+    no_e2e: bool,
+    /// Also write every record as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn bench_switch(args: &BenchSwitchArgs) -> anyhow::Result<bool> {
+    let spec = bench::SwitchBenchSpec {
+        elems: args.elems.clone(),
+        variants: args.types.clone(),
+        rounds: args.rounds,
+        stream: args.stream,
+        slots: args.slots,
+        repeat: args.repeat,
+        ..Default::default()
+    };
+    let machine = bench::Machine::this();
+    println!(
+        "xina bench switch: in-kernel cost per packet (BPF_PROG_TEST_RUN), {} CPUs, Linux {}",
+        machine.cpus, machine.kernel
+    );
+    println!(
+        "method: per path, {} distinct frames each run once (repeat=1), kernel-timed, \
+         interleaved with xina_drop (XDP_DROP) over the same frames; job of fan-in 3, {} slots; \
+         medians over {} rounds\n",
+        spec.stream, spec.slots, spec.rounds
+    );
+    let (testrun, testrun_repeat, harness_ns) =
+        bench::run_switch_bench(&spec, |line| eprintln!("  {line}"))?;
+    println!("{}", bench::testrun_table(&testrun));
+    println!(
+        "ns/pkt, drop_ns: median over rounds of the mean kernel time per frame; \
+         agg_pps = 1e9/ns; ratio = agg_pps/drop_pps;\nextra_ns = ns - drop_ns, the switch's own \
+         cost; completing and from_cache exclude the broadcast/redirect done after the program\n"
+    );
+    println!(
+        "one frame run {} times (paths a repeated frame stays on; harness cost spread out):",
+        spec.repeat
+    );
+    println!("{}", bench::repeat_table(&testrun_repeat));
+    if let Some(h) = harness_ns {
+        println!(
+            "harness share of every repeat=1 figure (xina_drop at repeat=1 minus at repeat={}): \
+             {h:.1} ns\n",
+            spec.repeat
+        );
+    }
+    let goal = bench::judge_goal(&testrun);
+    let verdict = match (goal.met, goal.worst_ratio, goal.worst_path) {
+        (Some(met), Some(ratio), Some(path)) => format!(
+            "{}: worst ratio {ratio:.2} ({path})",
+            if met { "MET" } else { "NOT MET" }
+        ),
+        _ => "not measured (needs i32-sum at 64 elements per packet)".to_owned(),
+    };
+    println!("goal: {}\n  => {verdict}\n", goal.statement);
+
+    let end_to_end = if args.no_e2e {
+        Vec::new()
+    } else {
+        let e2e = bench::EndToEndSpec {
+            workers: args.e2e_workers,
+            elements: args.e2e_elements,
+            elems: args.e2e_elems.clone(),
+            ..Default::default()
+        };
+        let records = bench::run_end_to_end(&e2e, &testrun, |line| eprintln!("  {line}"))?;
+        println!(
+            "end to end: {} workers allreduce {} int32 each through the XDP switch on veth \
+             (one UDP datagram per syscall):",
+            e2e.workers, e2e.elements
+        );
+        println!("{}", bench::end_to_end_table(&records));
+        println!(
+            "switch_pps = switch rx_packets / elapsed; send_pps/wkr: median worker's sent/elapsed; \
+             capacity_pps: 1e9 / TestRun ns per contribution\n(int32 sum, this fan-in); ns/rx, \
+             ns/copy, busy: xina_switch and xina_egress run time in place (BPF_ENABLE_STATS)"
+        );
+        for r in &records {
+            println!(
+                "  {} elements/packet: limited by {}: {}",
+                r.elements_per_packet, r.limited_by, r.reading
+            );
+        }
+        records
+    };
+    let all_ok = end_to_end
+        .iter()
+        .all(|r| r.correct && r.accounting_error.is_none());
+    if let Some(path) = &args.json {
+        let report = bench::SwitchBenchReport {
+            machine,
+            spec,
+            goal,
+            harness_ns,
+            testrun,
+            testrun_repeat,
+            end_to_end,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("\nrecords written to {}", path.display());
+    }
+    Ok(all_ok)
 }
 
 #[derive(Debug, clap::Args)]
@@ -84,6 +235,7 @@ fn main() -> ExitCode {
     }
     let result = match &cli.command {
         Command::Demo(args) => demo(args),
+        Command::Bench(BenchCommand::Switch(args)) => bench_switch(args),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

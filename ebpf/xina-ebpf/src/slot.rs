@@ -225,15 +225,22 @@ impl Combine for Min {
     }
 }
 
-/// Zeroes the first `N` elements of a staged payload: the caller stages the
-/// chunk's `n <= N` elements over it, so elements past `n` are 0, combine to
-/// 0 with any op, never overflow and add nothing to the checksum. The loops
-/// can then run over all `N` without looking at `n`.
+/// Zeroes the first `N` elements of a staged payload unless the chunk's `n`
+/// elements fill them: the caller stages the chunk over it, so elements past
+/// `n` are 0, combine to 0 with any op, never overflow and add nothing to the
+/// checksum. The loops can then run over all `N` without looking at `n`.
+///
+/// The stores are volatile so the compiler does not turn the loop into a
+/// call to a byte-at-a-time `memset` (four instructions per byte in BPF).
 #[inline(always)]
-pub fn clear<E: Elem, const N: usize>(buf: &mut Buf) {
-    for i in 0..(N.min(E::CAP) * E::SIZE) / 4 {
+pub fn clear<E: Elem, const N: usize>(buf: &mut Buf, n: usize) {
+    let words = (N.min(E::CAP) * E::SIZE) / 4;
+    if n * E::SIZE / 4 >= words {
+        return;
+    }
+    for i in 0..words {
         // SAFETY: `4 * i + 4 <= N * SIZE <= MAX_PAYLOAD`.
-        unsafe { *buf.as_mut_ptr().add(i) = 0 };
+        unsafe { buf.as_mut_ptr().add(i).write_volatile(0) };
     }
 }
 

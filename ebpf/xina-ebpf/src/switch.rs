@@ -132,7 +132,7 @@ pub fn aggregate<E: Elem, C: Combine, const N: usize>(
     }
     // The whole payload is staged before the slot is touched, so a short
     // frame cannot leave a chunk half combined.
-    slot::clear::<E, N>(&mut scratch.input);
+    slot::clear::<E, N>(&mut scratch.input, p.count as usize);
     // SAFETY: `input` has room for MAX_PAYLOAD >= len bytes.
     let rc = unsafe {
         bpf_xdp_load_bytes(
