@@ -23,7 +23,9 @@ pub fn try_egress(ctx: &XdpContext, ifindex: u32, tally: &mut Tally) -> Result<V
         return Err(Error::UnsupportedKind.into());
     }
     let job_id = packet::be32_at(ctx, XINA + field::JOB.start)?;
-    tally.set_job(job_id);
+    // SAFETY: read-only access to a map value.
+    let job = *unsafe { JOBS.get(job_id) }.ok_or(Error::EgressNotMember)?;
+    tally.set_job(u32::from(job.counters));
     // SAFETY: read-only access to a map value.
     let member = *unsafe {
         PORT_MEMBERS.get(PortKey {
@@ -32,8 +34,6 @@ pub fn try_egress(ctx: &XdpContext, ifindex: u32, tally: &mut Tally) -> Result<V
         })
     }
     .ok_or(Error::EgressNotMember)?;
-    // SAFETY: read-only access to a map value.
-    let job = *unsafe { JOBS.get(job_id) }.ok_or(Error::EgressNotMember)?;
     let root = packet::u8_at(ctx, XINA + field::ROOT)?;
     let counter = if job.mode != mode::ALLREDUCE && member.rank != u32::from(root) {
         make_notice(ctx)?;

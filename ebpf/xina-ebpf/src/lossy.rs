@@ -18,7 +18,9 @@ use aya_ebpf::{
 use xina_proto::{
     XINA_UDP_PORT,
     lossy::{DUPLICATE_MARK, LinkConfig, LinkCounters, LinkKey, PPM, counter, direction},
-    net::{ETH_HLEN, ETH_P_IPV4, ETH_TYPE, IPPROTO_UDP, IPV4_PROTO, IPV4_VIHL, UDP_DPORT, UDP_SPORT},
+    net::{
+        ETH_HLEN, ETH_P_IPV4, ETH_TYPE, IPPROTO_UDP, IPV4_PROTO, IPV4_VIHL, UDP_DPORT, UDP_SPORT,
+    },
 };
 
 /// What to do, by interface and direction (written by the testbed).
@@ -31,18 +33,27 @@ pub static LOSSY_COUNTERS: PerCpuHashMap<LinkKey, LinkCounters, 256> = PerCpuHas
 
 /// Whether the frame is UDP to or from the xina port.
 fn is_xina(ctx: &TcContext) -> bool {
-    let Ok(ethertype) = ctx.load::<[u8; 2]>(ETH_TYPE) else { return false };
+    let Ok(ethertype) = ctx.load::<[u8; 2]>(ETH_TYPE) else {
+        return false;
+    };
     if u16::from_be_bytes(ethertype) != ETH_P_IPV4 {
         return false;
     }
-    let (Ok(vihl), Ok(proto)) = (ctx.load::<u8>(ETH_HLEN + IPV4_VIHL), ctx.load::<u8>(ETH_HLEN + IPV4_PROTO)) else {
+    let (Ok(vihl), Ok(proto)) = (
+        ctx.load::<u8>(ETH_HLEN + IPV4_VIHL),
+        ctx.load::<u8>(ETH_HLEN + IPV4_PROTO),
+    ) else {
         return false;
     };
     if proto != IPPROTO_UDP {
         return false;
     }
     let udp = ETH_HLEN + usize::from(vihl & 0x0f) * 4;
-    let port = |at: usize| ctx.load::<[u8; 2]>(udp + at).map(u16::from_be_bytes).unwrap_or(0);
+    let port = |at: usize| {
+        ctx.load::<[u8; 2]>(udp + at)
+            .map(u16::from_be_bytes)
+            .unwrap_or(0)
+    };
     port(UDP_SPORT) == XINA_UDP_PORT || port(UDP_DPORT) == XINA_UDP_PORT
 }
 
@@ -58,9 +69,14 @@ pub fn lossy(ctx: &TcContext, dir: u32) -> i32 {
     if skb.mark == DUPLICATE_MARK {
         return TC_ACT_OK as i32;
     }
-    let key = LinkKey { ifindex: skb.ifindex, direction: dir };
+    let key = LinkKey {
+        ifindex: skb.ifindex,
+        direction: dir,
+    };
     // SAFETY: read-only access to a map value.
-    let Some(config) = (unsafe { LOSSY_CONFIG.get(key) }).copied() else { return TC_ACT_OK as i32 };
+    let Some(config) = (unsafe { LOSSY_CONFIG.get(key) }).copied() else {
+        return TC_ACT_OK as i32;
+    };
     if config.xina_only != 0 && !is_xina(ctx) {
         return TC_ACT_OK as i32;
     }
@@ -79,7 +95,11 @@ pub fn lossy(ctx: &TcContext, dir: u32) -> i32 {
     if chance(config.duplicate_ppm) {
         let mark = skb.mark;
         skb.mark = DUPLICATE_MARK;
-        let flags = if dir == direction::INGRESS { u64::from(BPF_F_INGRESS) } else { 0 };
+        let flags = if dir == direction::INGRESS {
+            u64::from(BPF_F_INGRESS)
+        } else {
+            0
+        };
         if ctx.clone_redirect(key.ifindex, flags).is_ok() {
             count(counter::DUPLICATED);
         }

@@ -46,7 +46,7 @@ use crate::{error::Verdict, maps::Tally};
 /// Ingress program of every switch port.
 #[xdp]
 pub fn xina_switch(ctx: XdpContext) -> u32 {
-    let mut tally = Tally::port(ctx.ingress_ifindex() as u32);
+    let mut tally = Tally::ifindex(ctx.ingress_ifindex() as u32);
     tally.count(Counter::RxPackets);
     switch::try_switch(&ctx, &mut tally)
         .unwrap_or_else(Verdict::from)
@@ -59,7 +59,8 @@ macro_rules! aggregate_programs {
     ($($name:ident: $elem:ty, $op:ty, $n:literal;)*) => {$(
         #[xdp]
         pub fn $name(ctx: XdpContext) -> u32 {
-            let mut tally = Tally::port(ctx.ingress_ifindex() as u32);
+            // The port and job indexes arrive in the scratch entry.
+            let mut tally = Tally::port_index(xina_proto::maps::NO_PORT_INDEX);
             switch::aggregate::<$elem, $op, $n>(&ctx, &mut tally)
                 .unwrap_or_else(Verdict::from)
                 .finish(&tally)
@@ -104,7 +105,7 @@ pub fn xina_egress(ctx: XdpContext) -> u32 {
     // SAFETY: `ctx.ctx` is the kernel-provided context of a devmap program,
     // which has `egress_ifindex` set.
     let ifindex = unsafe { (*ctx.ctx).egress_ifindex };
-    let mut tally = Tally::port(ifindex);
+    let mut tally = Tally::ifindex(ifindex);
     egress::try_egress(&ctx, ifindex, &mut tally)
         .unwrap_or_else(Verdict::from)
         .finish(&tally)
@@ -115,7 +116,7 @@ pub fn xina_egress(ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn xina_egress_test(ctx: XdpContext) -> u32 {
     let ifindex = maps::TEST_EGRESS_IFINDEX.get(0).copied().unwrap_or(0);
-    let mut tally = Tally::port(ifindex);
+    let mut tally = Tally::ifindex(ifindex);
     egress::try_egress(&ctx, ifindex, &mut tally)
         .unwrap_or_else(Verdict::from)
         .finish(&tally)

@@ -3,7 +3,7 @@
 
 use aya_ebpf::{
     Global,
-    btf_maps::{Array, DevMap, HashMap, PerCpuArray, PerCpuHashMap, ProgramArray},
+    btf_maps::{Array, DevMap, HashMap, PerCpuArray, ProgramArray},
     macros::btf_map,
 };
 use xina_proto::{
@@ -11,7 +11,7 @@ use xina_proto::{
     counters::Counter,
     maps::{
         CounterBlock, DEFAULT_SLOT_POOL, Job, MAX_JOBS, MAX_MEMBERS, MAX_PORTS, Member, MemberKey,
-        PortKey, Slot,
+        NO_PORT_INDEX, PortKey, Slot,
     },
 };
 
@@ -40,15 +40,19 @@ pub static PORTS: DevMap<{ MAX_PORTS as usize }> = DevMap::new();
 #[btf_map]
 pub static COUNTERS: PerCpuArray<u64, { Counter::COUNT }> = PerCpuArray::new();
 
-/// Counters of each installed job (entries made by the control plane).
+/// Counters of each installed job, at the job's `counters` index. Arrays,
+/// not hash maps: the verifier inlines their lookups, and the dense indexes
+/// travel to the tail-called programs in [`Pending`].
 #[btf_map]
-pub static JOB_COUNTERS: PerCpuHashMap<u32, CounterBlock, { MAX_JOBS as usize }> =
-    PerCpuHashMap::new();
+pub static JOB_COUNTERS: PerCpuArray<CounterBlock, { MAX_JOBS as usize }> = PerCpuArray::new();
 
-/// Counters of each switch port by ifindex (entries made by the control plane).
+/// Counters of each switch port, at its `PORTS` index.
 #[btf_map]
-pub static PORT_COUNTERS: PerCpuHashMap<u32, CounterBlock, { MAX_PORTS as usize }> =
-    PerCpuHashMap::new();
+pub static PORT_COUNTERS: PerCpuArray<CounterBlock, { MAX_PORTS as usize }> = PerCpuArray::new();
+
+/// A switch port's `PORTS` index by ifindex.
+#[btf_map]
+pub static PORT_INDEX: HashMap<u32, u32, { MAX_PORTS as usize }> = HashMap::new();
 
 /// The aggregation programs, by `4 × (3 × dtype + op) + size class` (see
 /// `xina_switch` and `xina_proto::maps::programs::AGGREGATE`).
@@ -69,6 +73,10 @@ pub struct Pending {
     pub reuse: u32,
     pub all_ranks: u64,
     pub job: u32,
+    /// The job's `JOB_COUNTERS` index.
+    pub job_counters: u32,
+    /// The ingress port's `PORTS` index, or `NO_PORT_INDEX`.
+    pub ingress_port: u32,
     /// The sender's switch port.
     pub ifindex: u32,
     pub mode: u32,
@@ -104,24 +112,38 @@ pub static XINA_DEBUG: Global<u8> = Global::new(0);
 /// entry is only touched by programs running on this CPU, and XDP programs
 /// do not preempt each other on one CPU.
 pub struct Tally {
+    /// The port's `PORTS` index, or `NO_PORT_INDEX`.
+    pub port_index: u32,
     port: Option<*mut CounterBlock>,
     job: Option<*mut CounterBlock>,
 }
 
 impl Tally {
-    /// Counters of the port with this ifindex (0 in test runs: none).
+    /// Counters of the port with this ifindex (none if it is not a switch
+    /// port, as in test runs).
     #[inline(always)]
-    pub fn port(ifindex: u32) -> Self {
+    pub fn ifindex(ifindex: u32) -> Self {
+        // SAFETY: read-only access to a map value.
+        let index = unsafe { PORT_INDEX.get(ifindex) }
+            .copied()
+            .unwrap_or(NO_PORT_INDEX);
+        Self::port_index(index)
+    }
+
+    /// Counters of the port at this `PORTS` index.
+    #[inline(always)]
+    pub fn port_index(index: u32) -> Self {
         Self {
-            port: PORT_COUNTERS.get_ptr_mut(ifindex),
+            port_index: index,
+            port: PORT_COUNTERS.get_ptr_mut(index),
             job: None,
         }
     }
 
-    /// From now on, also count into job `job`'s block.
+    /// From now on, also count into the job block at `index`.
     #[inline(always)]
-    pub fn set_job(&mut self, job: u32) {
-        self.job = JOB_COUNTERS.get_ptr_mut(job);
+    pub fn set_job(&mut self, index: u32) {
+        self.job = JOB_COUNTERS.get_ptr_mut(index);
     }
 
     /// On ingress, once the frame's job is known: count the frame as
@@ -129,8 +151,8 @@ impl Tally {
     /// counted it on arrival), so the job's outcomes add up to its
     /// `rx_packets` like the switch-wide ones do.
     #[inline(always)]
-    pub fn enter_job(&mut self, job: u32) {
-        self.set_job(job);
+    pub fn enter_job(&mut self, index: u32) {
+        self.set_job(index);
         if let Some(block) = self.job {
             // SAFETY: this CPU's value (see the type's docs).
             unsafe { (*block)[Counter::RxPackets as usize] += 1 };

@@ -12,7 +12,10 @@ use xina_proto::{
     counters::Counter,
     header::{SLOT_VERSION_BIT, field},
     maps::{MemberKey, NO_PORT_INDEX, mode},
-    net::{ETH_DST, ETH_SRC, IPV4_DST, IPV4_SRC, UDP_CSUM, UDP_DPORT, UDP_SPORT},
+    net::{
+        ETH_DST, ETH_SRC, IPV4_CSUM, IPV4_DST, IPV4_SRC, IPV4_TOTAL_LEN, UDP_CSUM, UDP_DPORT,
+        UDP_LEN, UDP_SPORT,
+    },
 };
 
 use crate::{
@@ -31,7 +34,7 @@ pub fn try_switch(ctx: &XdpContext, tally: &mut Tally) -> Result<Verdict, Verdic
     // SAFETY: the value is only read, and a job's entry is replaced by the
     // control plane as a whole, never while its traffic is expected.
     let job = *unsafe { JOBS.get(job_id) }.ok_or(Error::UnknownJob)?;
-    tally.enter_job(job_id);
+    tally.enter_job(u32::from(job.counters));
 
     // The sender must be the registered member for the rank it claims: its
     // source address and port must be that member's.
@@ -67,6 +70,14 @@ pub fn try_switch(ctx: &XdpContext, tally: &mut Tally) -> Result<Verdict, Verdic
     if ctx.data() + payload_end > ctx.data_end() {
         return Err(Error::Truncated.into());
     }
+    // The datagram must be exactly the header and the announced payload:
+    // bytes outside it (Ethernet padding, or lengths that lie) are never
+    // combined, and a result never carries them.
+    let udp_len = usize::from(packet::be16_at(ctx, UDP + UDP_LEN)?);
+    let ip_len = usize::from(packet::be16_at(ctx, IP + IPV4_TOTAL_LEN)?);
+    if udp_len != payload_end - UDP || ip_len != payload_end - IP {
+        return Err(Error::BadShape.into());
+    }
 
     let slot_field = packet::be32_at(ctx, XINA + field::SLOT.start)?;
     let slot = slot_field & !SLOT_VERSION_BIT;
@@ -86,6 +97,8 @@ pub fn try_switch(ctx: &XdpContext, tally: &mut Tally) -> Result<Verdict, Verdic
         reuse: job.slot_count.wrapping_mul(2),
         all_ranks: job.all_ranks,
         job: job_id,
+        job_counters: u32::from(job.counters),
+        ingress_port: tally.port_index,
         ifindex: member.ifindex,
         mode: u32::from(job.mode),
         port_index: member.port_index,
@@ -125,7 +138,8 @@ pub fn aggregate<E: Elem, C: Combine, const N: usize>(
     // the tail call; nothing else runs on this CPU meanwhile.
     let scratch = unsafe { &mut *scratch };
     let p = scratch.pending;
-    tally.set_job(p.job);
+    *tally = Tally::port_index(p.ingress_port);
+    tally.set_job(p.job_counters);
     let len = p.count as usize * E::SIZE;
     if len == 0 || len > MAX_PAYLOAD {
         return Err(Error::BadShape.into());
@@ -219,7 +233,9 @@ pub fn aggregate<E: Elem, C: Combine, const N: usize>(
                 // SAFETY: a plain helper call with an interface index.
                 (unsafe { bpf_redirect(p.ifindex, 0) }) as u32
             } else {
-                PORTS.redirect(p.port_index, 0).map_err(|_| Error::Redirect)?
+                PORTS
+                    .redirect(p.port_index, 0)
+                    .map_err(|_| Error::Redirect)?
             };
             Ok(Verdict::new(Counter::ReplyFromCache, action as u32))
         }
@@ -269,36 +285,25 @@ fn make_result(ctx: &XdpContext, r: &slot::Result, extra_flags: u8) -> Result<()
 /// since recomputing it would mean summing the payload that was removed.
 #[inline(always)]
 pub fn make_notice(ctx: &XdpContext) -> Result<(), Error> {
-    let count = packet::be16_at(ctx, XINA + field::COUNT.start)?;
-    let size: u16 = if packet::u8_at(ctx, XINA + field::DTYPE)? == DType::I64 as u8 {
-        8
-    } else {
-        4
-    };
-    let cut = count.saturating_mul(size);
     let flags = packet::u8_at(ctx, XINA + field::FLAGS)?;
     packet::put(ctx, XINA + field::FLAGS, [flags | Flags::NOTICE])?;
     packet::set_be16(ctx, XINA + field::COUNT.start, 0)?;
     packet::set_be16(ctx, UDP + UDP_CSUM, 0)?;
-    let udp_len = packet::be16_at(ctx, UDP + xina_proto::net::UDP_LEN)?;
-    packet::set_be16(
-        ctx,
-        UDP + xina_proto::net::UDP_LEN,
-        udp_len.wrapping_sub(cut),
-    )?;
-    let total = packet::be16_at(ctx, IP + xina_proto::net::IPV4_TOTAL_LEN)?;
-    let new_total = total.wrapping_sub(cut);
-    packet::set_be16(ctx, IP + xina_proto::net::IPV4_TOTAL_LEN, new_total)?;
-    let csum = packet::be16_at(ctx, IP + xina_proto::net::IPV4_CSUM)?;
+    packet::set_be16(ctx, UDP + UDP_LEN, (PAYLOAD - UDP) as u16)?;
+    let total = packet::be16_at(ctx, IP + IPV4_TOTAL_LEN)?;
+    let new_total = (PAYLOAD - IP) as u16;
+    packet::set_be16(ctx, IP + IPV4_TOTAL_LEN, new_total)?;
+    let csum = packet::be16_at(ctx, IP + IPV4_CSUM)?;
     let acc = checksum::replace16(0, total, new_total);
-    packet::set_be16(
-        ctx,
-        IP + xina_proto::net::IPV4_CSUM,
-        checksum::apply(csum, acc),
-    )?;
-    // SAFETY: shrinking the frame by the payload length, which the caller's
-    // bounds checks established is present.
-    let rc = unsafe { aya_ebpf::helpers::bpf_xdp_adjust_tail(ctx.ctx.cast(), -i32::from(cut)) };
+    packet::set_be16(ctx, IP + IPV4_CSUM, checksum::apply(csum, acc))?;
+    // Everything after the xina header goes, whatever the header announced
+    // and whatever follows the datagram. `black_box` keeps the compiler from
+    // using this length to drop the bounds checks above, which the verifier
+    // needs (it cannot relate this number to the frame's pointers).
+    let frame = core::hint::black_box(ctx.data_end() - ctx.data());
+    let cut = i32::try_from(frame.saturating_sub(PAYLOAD)).map_err(|_| Error::Truncated)?;
+    // SAFETY: shrinking the frame to its headers; `cut` bytes follow them.
+    let rc = unsafe { aya_ebpf::helpers::bpf_xdp_adjust_tail(ctx.ctx.cast(), -cut) };
     if rc != 0 {
         return Err(Error::Truncated);
     }

@@ -20,10 +20,13 @@ pub mod names {
     pub const PORTS: &str = "PORTS";
     /// `PerCpuArray<u64>`: counters indexed by [`crate::counters::Counter`].
     pub const COUNTERS: &str = "COUNTERS";
-    /// `PerCpuHashMap<u32, CounterBlock>`: counters of each installed job.
+    /// `PerCpuArray<CounterBlock>`: counters of each installed job, at the
+    /// job's `Job::counters` index.
     pub const JOB_COUNTERS: &str = "JOB_COUNTERS";
-    /// `PerCpuHashMap<u32, CounterBlock>`: counters of each port, by ifindex.
+    /// `PerCpuArray<CounterBlock>`: counters of each port, at its `PORTS` index.
     pub const PORT_COUNTERS: &str = "PORT_COUNTERS";
+    /// `HashMap<u32, u32>`: a port's `PORTS` index by its ifindex.
+    pub const PORT_INDEX: &str = "PORT_INDEX";
     /// `ProgramArray`: the aggregation programs ([`super::programs::AGGREGATE`]).
     pub const AGGREGATE: &str = "AGGREGATE";
     /// `Array<u32>` with one entry: the egress ifindex the test entry point
@@ -114,7 +117,8 @@ pub struct Job {
     pub mode: u8,
     /// Most elements per packet (the last chunk of a buffer may carry fewer).
     pub elems: u16,
-    pub _pad: u16,
+    /// Index of the job's block in `JOB_COUNTERS` (below [`MAX_JOBS`]).
+    pub counters: u16,
     /// First slot of the job's private range in the pool.
     pub slot_base: u32,
     /// Number of slots in the range; packets index `0..slot_count`.

@@ -13,18 +13,15 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{
-        Array, DevMap, HashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, ProgramArray,
-    },
+    maps::{Array, DevMap, HashMap, MapData, PerCpuArray, PerCpuValues, ProgramArray},
     programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
 };
 use xina_proto::{
     DType, MAX_RANKS, Op,
     counters::Counter,
     maps::{
-        CounterBlock, DEFAULT_SLOT_POOL, Job, MAX_PORTS, Member, MemberKey, NO_PORT_INDEX, PortKey,
-        Slot, mode,
-        names, programs,
+        CounterBlock, DEFAULT_SLOT_POOL, Job, MAX_JOBS, MAX_PORTS, Member, MemberKey,
+        NO_PORT_INDEX, PortKey, Slot, mode, names, programs,
     },
 };
 
@@ -226,6 +223,8 @@ pub struct Dataplane {
     ebpf: Ebpf,
     ports: Vec<Port>,
     jobs: BTreeMap<u32, JobSpec>,
+    /// Each installed job's block in `JOB_COUNTERS`.
+    job_counters: BTreeMap<u32, u16>,
     slot_pool: u32,
     logger: Option<Logger>,
 }
@@ -298,6 +297,7 @@ impl Dataplane {
             ebpf,
             ports: Vec::new(),
             jobs: BTreeMap::new(),
+            job_counters: BTreeMap::new(),
             slot_pool: opts.slot_pool,
             logger,
         })
@@ -359,14 +359,24 @@ impl Dataplane {
                 ifname: ifname.to_owned(),
                 source,
             })?;
-        self.reset_counter_block(names::PORT_COUNTERS, ifindex)?;
+        self.reset_counter_block(names::PORT_COUNTERS, index)?;
+        {
+            let mut by_ifindex: HashMap<&mut MapData, u32, u32> =
+                map_mut(&mut self.ebpf, names::PORT_INDEX)?;
+            by_ifindex
+                .insert(ifindex, index, 0)
+                .map_err(|source| Error::Map {
+                    name: names::PORT_INDEX,
+                    what: format!("adding {ifname}"),
+                    source,
+                })?;
+        }
         let attached = xdp_mut(&mut self.ebpf, programs::SWITCH)?.attach_to_if_index(ifindex, mode);
         let link = match attached {
             Ok(link) => link,
             Err(source) => {
                 // Leave the maps as they were: the port does not exist.
-                self.clear_port_slot(index);
-                self.remove_counter_block(names::PORT_COUNTERS, ifindex);
+                self.clear_port_slot(index, ifindex);
                 return Err(Error::Attach {
                     ifname: ifname.to_owned(),
                     mode,
@@ -383,11 +393,16 @@ impl Dataplane {
         Ok(self.ports.last().expect("just pushed"))
     }
 
-    fn clear_port_slot(&mut self, index: u32) {
+    fn clear_port_slot(&mut self, index: u32, ifindex: u32) {
         if let Ok(mut ports) = map_mut::<DevMap<&mut MapData>>(&mut self.ebpf, names::PORTS) {
             // An entry with ifindex 0 is what an unused devmap slot holds;
             // the broadcast skips it.
             let _ = ports.set(index, 0, None, 0);
+        }
+        if let Ok(mut by_ifindex) =
+            map_mut::<HashMap<&mut MapData, u32, u32>>(&mut self.ebpf, names::PORT_INDEX)
+        {
+            let _ = by_ifindex.remove(&ifindex);
         }
     }
 
@@ -400,50 +415,36 @@ impl Dataplane {
             {
                 log::warn!("detaching from {}: {e}", port.name);
             }
-            self.clear_port_slot(u32::try_from(index).expect("at most MAX_PORTS ports"));
-            self.remove_counter_block(names::PORT_COUNTERS, port.ifindex);
+            let index = u32::try_from(index).expect("at most MAX_PORTS ports");
+            self.clear_port_slot(index, port.ifindex);
         }
     }
 
-    /// Creates (or zeroes) the counter block `key` of a per-job or per-port map.
-    fn reset_counter_block(&mut self, name: &'static str, key: u32) -> Result<(), Error> {
-        let cpus = aya::util::nr_cpus().map_err(|(what, e)| Error::Map {
+    /// Zeroes the counter block at `index` of the per-job or per-port array.
+    fn reset_counter_block(&mut self, name: &'static str, index: u32) -> Result<(), Error> {
+        let invalid = |what: String| Error::Map {
             name,
-            what: format!("{what}: {e}"),
+            what,
             source: aya::maps::MapError::InvalidName {
                 name: name.to_owned(),
             },
-        })?;
-        let zero =
-            PerCpuValues::try_from(vec![[0u64; Counter::COUNT]; cpus]).map_err(|e| Error::Map {
-                name,
-                what: format!("per-CPU values: {e}"),
-                source: aya::maps::MapError::InvalidName {
-                    name: name.to_owned(),
-                },
-            })?;
-        let mut map: PerCpuHashMap<&mut MapData, u32, CounterBlock> =
-            map_mut(&mut self.ebpf, name)?;
-        map.insert(key, zero, 0).map_err(|source| Error::Map {
+        };
+        let cpus = aya::util::nr_cpus().map_err(|(what, e)| invalid(format!("{what}: {e}")))?;
+        let zero = PerCpuValues::try_from(vec![[0u64; Counter::COUNT]; cpus])
+            .map_err(|e| invalid(format!("per-CPU values: {e}")))?;
+        let mut map: PerCpuArray<&mut MapData, CounterBlock> = map_mut(&mut self.ebpf, name)?;
+        map.set(index, zero, 0).map_err(|source| Error::Map {
             name,
-            what: format!("entry {key}"),
+            what: format!("entry {index}"),
             source,
         })
     }
 
-    fn remove_counter_block(&mut self, name: &'static str, key: u32) {
-        if let Ok(mut map) =
-            map_mut::<PerCpuHashMap<&mut MapData, u32, CounterBlock>>(&mut self.ebpf, name)
-        {
-            let _ = map.remove(&key);
-        }
-    }
-
-    fn counter_block(&self, name: &'static str, key: u32) -> Result<Counters, Error> {
-        let map: PerCpuHashMap<&MapData, u32, CounterBlock> = map_ref(&self.ebpf, name)?;
-        let values = map.get(&key, 0).map_err(|source| Error::Map {
+    fn counter_block(&self, name: &'static str, index: u32) -> Result<Counters, Error> {
+        let map: PerCpuArray<&MapData, CounterBlock> = map_ref(&self.ebpf, name)?;
+        let values = map.get(&index, 0).map_err(|source| Error::Map {
             name,
-            what: format!("reading entry {key}"),
+            what: format!("reading entry {index}"),
             source,
         })?;
         Ok(Counters::from_per_cpu(&values))
@@ -454,10 +455,8 @@ impl Dataplane {
     /// # Errors
     /// [`Error::NoSuchJob`], or when the map cannot be read.
     pub fn job_counters(&self, id: u32) -> Result<Counters, Error> {
-        if !self.jobs.contains_key(&id) {
-            return Err(Error::NoSuchJob(id));
-        }
-        self.counter_block(names::JOB_COUNTERS, id)
+        let index = *self.job_counters.get(&id).ok_or(Error::NoSuchJob(id))?;
+        self.counter_block(names::JOB_COUNTERS, u32::from(index))
     }
 
     /// The counters of the port with this ifindex, summed over CPUs: what it
@@ -466,10 +465,13 @@ impl Dataplane {
     /// # Errors
     /// When the port is not attached or the map cannot be read.
     pub fn port_counters(&self, ifindex: u32) -> Result<Counters, Error> {
-        if !self.ports.iter().any(|p| p.ifindex == ifindex) {
-            return Err(Error::UnknownInterface(format!("ifindex {ifindex}")));
-        }
-        self.counter_block(names::PORT_COUNTERS, ifindex)
+        let index = self
+            .ports
+            .iter()
+            .position(|p| p.ifindex == ifindex)
+            .ok_or_else(|| Error::UnknownInterface(format!("ifindex {ifindex}")))?;
+        let index = u32::try_from(index).expect("at most MAX_PORTS ports");
+        self.counter_block(names::PORT_COUNTERS, index)
     }
 
     /// Installs a job: its slots are cleared, its members and then the job
@@ -480,10 +482,25 @@ impl Dataplane {
     /// overlapping another job, map update failures.
     pub fn install_job(&mut self, job: &JobSpec) -> Result<(), Error> {
         self.check_job(job)?;
-        let res = self.write_job(job);
+        // The lowest counter block no installed job uses.
+        let mut used: Vec<u16> = self.job_counters.values().copied().collect();
+        used.sort_unstable();
+        let counters = (0usize..)
+            .zip(&used)
+            .find(|(i, u)| *i != usize::from(**u))
+            .map_or(used.len(), |(i, _)| i);
+        let counters = u16::try_from(counters)
+            .ok()
+            .filter(|c| u32::from(*c) < MAX_JOBS)
+            .ok_or(Error::Job {
+                job: job.id,
+                what: format!("{MAX_JOBS} jobs are installed already"),
+            })?;
+        let res = self.write_job(job, counters);
         if res.is_err() {
             self.erase_job(job);
         } else {
+            self.job_counters.insert(job.id, counters);
             self.jobs.insert(job.id, job.clone());
         }
         res
@@ -541,7 +558,7 @@ impl Dataplane {
         Ok(())
     }
 
-    fn write_job(&mut self, job: &JobSpec) -> Result<(), Error> {
+    fn write_job(&mut self, job: &JobSpec, counters: u16) -> Result<(), Error> {
         let map_err =
             |name: &'static str, what: String| move |source| Error::Map { name, what, source };
         {
@@ -561,10 +578,12 @@ impl Dataplane {
                     job: job.id,
                     rank: u32::from(m.rank),
                 };
-                members.insert(key, member_value(m, &self.ports), 0).map_err(map_err(
-                    names::MEMBERS,
-                    format!("job {} rank {}", job.id, m.rank),
-                ))?;
+                members
+                    .insert(key, member_value(m, &self.ports), 0)
+                    .map_err(map_err(
+                        names::MEMBERS,
+                        format!("job {} rank {}", job.id, m.rank),
+                    ))?;
             }
         }
         {
@@ -575,10 +594,12 @@ impl Dataplane {
                     job: job.id,
                     ifindex: m.ifindex,
                 };
-                by_port.insert(key, member_value(m, &self.ports), 0).map_err(map_err(
-                    names::PORT_MEMBERS,
-                    format!("job {} rank {}", job.id, m.rank),
-                ))?;
+                by_port
+                    .insert(key, member_value(m, &self.ports), 0)
+                    .map_err(map_err(
+                        names::PORT_MEMBERS,
+                        format!("job {} rank {}", job.id, m.rank),
+                    ))?;
             }
         }
         let fan_in = u8::try_from(job.members.len()).expect("checked: at most 64 members");
@@ -588,7 +609,7 @@ impl Dataplane {
             dtype: job.dtype as u8,
             mode: job.mode.wire(),
             elems: job.elems_per_packet,
-            _pad: 0,
+            counters,
             slot_base: job.slot_base,
             slot_count: job.slot_count,
             all_ranks: if fan_in == 64 {
@@ -597,7 +618,7 @@ impl Dataplane {
                 (1u64 << fan_in) - 1
             },
         };
-        self.reset_counter_block(names::JOB_COUNTERS, job.id)?;
+        self.reset_counter_block(names::JOB_COUNTERS, u32::from(counters))?;
         // The job entry goes last: until it exists, no packet reaches the slots.
         let mut jobs: HashMap<&mut MapData, u32, Job> = map_mut(&mut self.ebpf, names::JOBS)?;
         jobs.insert(job.id, value, 0)
@@ -606,7 +627,6 @@ impl Dataplane {
 
     /// Removes whatever the dataplane holds of `job` (ignoring absent entries).
     fn erase_job(&mut self, job: &JobSpec) {
-        self.remove_counter_block(names::JOB_COUNTERS, job.id);
         if let Ok(mut jobs) =
             map_mut::<HashMap<&mut MapData, u32, Job>>(&mut self.ebpf, names::JOBS)
         {
@@ -640,6 +660,7 @@ impl Dataplane {
     /// [`Error::NoSuchJob`].
     pub fn remove_job(&mut self, id: u32) -> Result<(), Error> {
         let job = self.jobs.remove(&id).ok_or(Error::NoSuchJob(id))?;
+        self.job_counters.remove(&id);
         self.erase_job(&job);
         Ok(())
     }
@@ -772,7 +793,9 @@ fn member_value(m: &MemberSpec, ports: &[Port]) -> Member {
     let port_index = ports
         .iter()
         .position(|p| p.ifindex == m.ifindex)
-        .map_or(NO_PORT_INDEX, |i| u32::try_from(i).expect("at most MAX_PORTS ports"));
+        .map_or(NO_PORT_INDEX, |i| {
+            u32::try_from(i).expect("at most MAX_PORTS ports")
+        });
     Member {
         ip: m.ip.octets(),
         port: m.udp_port.to_be_bytes(),

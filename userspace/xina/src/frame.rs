@@ -4,11 +4,12 @@
 use std::net::Ipv4Addr;
 
 use xina_proto::{
-    Packet, Repr, checksum,
+    DType, Packet, Repr, checksum,
     header::HEADER_LEN,
     net::{
         ETH_DST, ETH_HLEN, ETH_P_IPV4, ETH_SRC, ETH_TYPE, IPPROTO_UDP, IPV4_CSUM, IPV4_DST,
-        IPV4_HLEN, IPV4_SRC, UDP_CSUM, UDP_DPORT, UDP_HLEN, UDP_LEN, UDP_SPORT, XINA_OFFSET,
+        IPV4_HLEN, IPV4_SRC, IPV4_TOTAL_LEN, UDP_CSUM, UDP_DPORT, UDP_HLEN, UDP_LEN, UDP_SPORT,
+        XINA_OFFSET,
     },
 };
 
@@ -68,21 +69,34 @@ pub fn i32_payload(values: &[i32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_be_bytes()).collect()
 }
 
+/// Big-endian bytes of `values`, for an `I64` payload.
+pub fn i64_payload(values: &[i64]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_be_bytes()).collect()
+}
+
 /// A frame taken apart again.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Parsed {
     pub src: Endpoint,
     pub dst: Endpoint,
     pub repr: Repr,
+    /// The elements of an `I32` payload (empty for other element types).
     pub values: Vec<i32>,
+    /// Every element of the payload, whatever its type, widened to `i64`.
+    pub elems: Vec<i64>,
+    /// The UDP checksum field as sent (0: none).
+    pub udp_checksum: u16,
+    /// Whether the IPv4 total length covers exactly the rest of the frame and
+    /// the UDP length exactly the rest of the datagram.
+    pub lengths_ok: bool,
     /// Whether the IPv4 header checksum verifies.
     pub ip_checksum_ok: bool,
     /// Whether the UDP checksum verifies (or is absent).
     pub udp_checksum_ok: bool,
 }
 
-/// Parses a frame built like [`build`]'s (IPv4 without options, `I32`
-/// payload). Returns `None` if it is not one.
+/// Parses a frame built like [`build`]'s (IPv4 without options, `I32` or
+/// `I64` payload). Returns `None` if it is not one.
 pub fn parse(f: &[u8]) -> Option<Parsed> {
     let ip = f.get(ETH_HLEN..ETH_HLEN + IPV4_HLEN)?;
     if f.get(ETH_TYPE..ETH_TYPE + 2)? != ETH_P_IPV4.to_be_bytes() || ip[0] != 0x45 {
@@ -91,9 +105,18 @@ pub fn parse(f: &[u8]) -> Option<Parsed> {
     let udp = f.get(ETH_HLEN + IPV4_HLEN..)?;
     let packet = Packet::new_checked(udp.get(UDP_HLEN..)?).ok()?;
     let repr = Repr::parse(&packet).ok()?;
-    let values = (0..usize::from(repr.count))
-        .map(|i| packet.i32_at(i))
-        .collect();
+    let count = usize::from(repr.count);
+    let elems: Vec<i64> = match repr.dtype {
+        DType::I32 => (0..count).map(|i| i64::from(packet.i32_at(i))).collect(),
+        DType::I64 => (0..count).map(|i| packet.i64_at(i)).collect(),
+    };
+    let values = match repr.dtype {
+        DType::I32 => (0..count).map(|i| packet.i32_at(i)).collect(),
+        DType::I64 => Vec::new(),
+    };
+    let be16 = |b: &[u8], at: usize| usize::from(u16::from_be_bytes([b[at], b[at + 1]]));
+    let lengths_ok =
+        be16(ip, IPV4_TOTAL_LEN) == f.len() - ETH_HLEN && be16(udp, UDP_LEN) == udp.len();
     let mac = |at: usize| <[u8; 6]>::try_from(&f[at..at + 6]).expect("6 bytes");
     let ip4 = |at: usize| Ipv4Addr::from(<[u8; 4]>::try_from(&ip[at..at + 4]).expect("4 bytes"));
     let port = |at: usize| u16::from_be_bytes([udp[at], udp[at + 1]]);
@@ -120,6 +143,9 @@ pub fn parse(f: &[u8]) -> Option<Parsed> {
         },
         repr,
         values,
+        elems,
+        udp_checksum: stored,
+        lengths_ok,
         ip_checksum_ok: checksum::ipv4(ip) == 0,
         udp_checksum_ok,
     })
