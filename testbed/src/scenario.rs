@@ -667,7 +667,7 @@ struct Before {
 impl Before {
     fn read(star: &Star, dp: &Dataplane, options: RunOptions) -> anyhow::Result<Self> {
         let per_cpu = if options.per_cpu {
-            let maps = CounterMaps::find(star)?;
+            let maps = CounterMaps::find(star, dp)?;
             let job = maps.job_blocks()?;
             let ports = star
                 .ports()
@@ -1000,10 +1000,14 @@ fn bpftool(args: &[&str]) -> anyhow::Result<serde_json::Value> {
 struct CounterMaps {
     job: String,
     port: String,
+    /// The job's index in `JOB_COUNTERS`.
+    job_index: u32,
+    /// `PORT_COUNTERS` index by ifindex.
+    port_index: BTreeMap<u32, u32>,
 }
 
 impl CounterMaps {
-    fn find(star: &Star) -> anyhow::Result<Self> {
+    fn find(star: &Star, dp: &Dataplane) -> anyhow::Result<Self> {
         let port = &star.port(0).name;
         let link: serde_json::Value = serde_json::from_str(
             &star
@@ -1029,7 +1033,22 @@ impl CounterMaps {
                 _ => {}
             }
         }
+        let job_index = dp
+            .job_counter_index(JOB_ID)
+            .ok_or_else(|| anyhow!("job {JOB_ID} is not installed"))?;
+        let port_index = star
+            .ports()
+            .iter()
+            .map(|p| {
+                let index = dp
+                    .port_index(p.ifindex)
+                    .ok_or_else(|| anyhow!("{} is not a port", p.name))?;
+                Ok((p.ifindex, index))
+            })
+            .collect::<anyhow::Result<_>>()?;
         Ok(Self {
+            job_index,
+            port_index,
             job: job.ok_or_else(|| anyhow!("program {prog} uses no {}", names::JOB_COUNTERS))?,
             port: port_map
                 .ok_or_else(|| anyhow!("program {prog} uses no {}", names::PORT_COUNTERS))?,
@@ -1037,11 +1056,15 @@ impl CounterMaps {
     }
 
     fn job_blocks(&self) -> anyhow::Result<PerCpuBlocks> {
-        lookup_blocks(&self.job, JOB_ID)
+        lookup_blocks(&self.job, self.job_index)
     }
 
     fn port_blocks(&self, ifindex: u32) -> anyhow::Result<PerCpuBlocks> {
-        lookup_blocks(&self.port, ifindex)
+        let index = *self
+            .port_index
+            .get(&ifindex)
+            .ok_or_else(|| anyhow!("ifindex {ifindex} is not a port"))?;
+        lookup_blocks(&self.port, index)
     }
 }
 

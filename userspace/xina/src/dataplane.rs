@@ -450,6 +450,18 @@ impl Dataplane {
         Ok(Counters::from_per_cpu(&values))
     }
 
+    /// Where job `id`'s counters are in the `JOB_COUNTERS` array, for tools
+    /// that read the per-CPU values themselves.
+    pub fn job_counter_index(&self, id: u32) -> Option<u32> {
+        self.job_counters.get(&id).map(|i| u32::from(*i))
+    }
+
+    /// The `PORTS` (and `PORT_COUNTERS`) index of the port with this ifindex.
+    pub fn port_index(&self, ifindex: u32) -> Option<u32> {
+        let i = self.ports.iter().position(|p| p.ifindex == ifindex)?;
+        Some(u32::try_from(i).expect("at most MAX_PORTS ports"))
+    }
+
     /// The counters of installed job `id`, summed over CPUs.
     ///
     /// # Errors
