@@ -478,11 +478,8 @@ impl Dataplane {
     /// When the port is not attached or the map cannot be read.
     pub fn port_counters(&self, ifindex: u32) -> Result<Counters, Error> {
         let index = self
-            .ports
-            .iter()
-            .position(|p| p.ifindex == ifindex)
+            .port_index(ifindex)
             .ok_or_else(|| Error::UnknownInterface(format!("ifindex {ifindex}")))?;
-        let index = u32::try_from(index).expect("at most MAX_PORTS ports");
         self.counter_block(names::PORT_COUNTERS, index)
     }
 
