@@ -69,12 +69,8 @@ use std::{fmt::Write as _, net::Ipv4Addr, time::Duration};
 use anyhow::{Context as _, bail, ensure};
 use rand::{Rng as _, SeedableRng as _, rngs::StdRng};
 use serde::Serialize;
-use xina::{
-    Counters, Dataplane, JobSpec, LoadOptions, MemberSpec,
-    dataplane::Mode,
-    frame::{self, Endpoint},
-};
-use xina_proto::{DType, Flags, Kind, Op, Repr, XINA_UDP_PORT, counters::Counter, maps::programs};
+use xina::{Counters, Dataplane, JobSpec, LoadOptions, MemberSpec, dataplane::Mode, frame};
+use xina_proto::{DType, Flags, Kind, Op, Repr, counters::Counter, maps::programs};
 
 use crate::scenario::{self, AllreduceSpec};
 
@@ -458,20 +454,7 @@ impl Frames {
                 root: 0,
                 bitmap: 1 << rank,
             };
-            frame::build(
-                Endpoint {
-                    mac: m.mac,
-                    ip: m.ip,
-                    port: m.udp_port,
-                },
-                Endpoint {
-                    mac: m.port_mac,
-                    ip: SWITCH_IP,
-                    port: XINA_UDP_PORT,
-                },
-                &repr,
-                &payload,
-            )
+            frame::from_member(&m, SWITCH_IP, &repr, &payload)
         };
         let by_rank = (0..FAN_IN)
             .map(|rank| (0..stream).map(|seq| one(JOB, rank, seq)).collect())

@@ -64,6 +64,31 @@ pub fn build(src: Endpoint, dst: Endpoint, repr: &Repr, payload: &[u8]) -> Vec<u
     f
 }
 
+/// A frame from `member` to the switch's address `switch_ip`, as it arrives
+/// on the member's switch port: the member's MAC, address and UDP port to the
+/// port's MAC and the xina UDP port.
+pub fn from_member(
+    member: &crate::MemberSpec,
+    switch_ip: Ipv4Addr,
+    repr: &Repr,
+    payload: &[u8],
+) -> Vec<u8> {
+    build(
+        Endpoint {
+            mac: member.mac,
+            ip: member.ip,
+            port: member.udp_port,
+        },
+        Endpoint {
+            mac: member.port_mac,
+            ip: switch_ip,
+            port: xina_proto::XINA_UDP_PORT,
+        },
+        repr,
+        payload,
+    )
+}
+
 /// Big-endian bytes of `values`.
 pub fn i32_payload(values: &[i32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_be_bytes()).collect()

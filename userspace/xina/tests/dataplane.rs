@@ -86,17 +86,9 @@ fn repr(rank: u8, fan_in: u8, seq: u32, count: u16) -> Repr {
 fn contribution(rank: u8, fan_in: u8, seq: u32, values: &[i32]) -> Vec<u8> {
     let m = member(rank);
     let count = u16::try_from(values.len()).unwrap();
-    frame::build(
-        Endpoint {
-            mac: m.mac,
-            ip: m.ip,
-            port: m.udp_port,
-        },
-        Endpoint {
-            mac: m.port_mac,
-            ip: SWITCH_IP,
-            port: XINA_UDP_PORT,
-        },
+    frame::from_member(
+        &m,
+        SWITCH_IP,
         &repr(rank, fan_in, seq, count),
         &frame::i32_payload(values),
     )

@@ -4,12 +4,8 @@
 
 use std::net::Ipv4Addr;
 
-use xina::{
-    Dataplane, JobSpec, LoadOptions, MemberSpec,
-    dataplane::Mode,
-    frame::{self, Endpoint},
-};
-use xina_proto::{DType, Flags, Kind, Op, Repr, XINA_UDP_PORT, counters::Counter};
+use xina::{Dataplane, JobSpec, LoadOptions, MemberSpec, dataplane::Mode, frame};
+use xina_proto::{DType, Flags, Kind, Op, Repr, counters::Counter};
 
 const XDP_DROP: u32 = 1;
 const XDP_REDIRECT: u32 = 4;
@@ -51,20 +47,7 @@ fn contribution(job: u32, rank: u8, claimed_job: u32, values: &[i32]) -> Vec<u8>
         root: 0,
         bitmap: 1 << rank,
     };
-    frame::build(
-        Endpoint {
-            mac: m.mac,
-            ip: m.ip,
-            port: m.udp_port,
-        },
-        Endpoint {
-            mac: m.port_mac,
-            ip: SWITCH_IP,
-            port: XINA_UDP_PORT,
-        },
-        &repr,
-        &frame::i32_payload(values),
-    )
+    frame::from_member(&m, SWITCH_IP, &repr, &frame::i32_payload(values))
 }
 
 #[test]
