@@ -233,6 +233,21 @@ fn three_workers_reduce_100_000_elements_exactly_over_loopback() {
 }
 
 #[test]
+fn a_window_wider_than_a_send_batch_reduces_exactly() {
+    // 300 chunks in flight per worker: each turn sends several `sendmmsg`
+    // batches of 64 and drains results in several `recvmmsg` batches. The
+    // switch socket's default receive buffer overflows at this window, so
+    // some chunks also go through retransmission.
+    let (workers, switch) = setup(2, 256, 300, Config::default(), 0.0);
+    let lens = [200_000, 77_777];
+    let results = run(workers, &lens);
+    let stats = check_exact(&results, 2, &lens);
+    let switch = switch.stop();
+    assert_eq!(switch.completed, 782 + 304);
+    println!("{stats:?}; {switch:?}");
+}
+
+#[test]
 fn a_lossy_switch_is_recovered_from() {
     let config = Config {
         give_up: Duration::from_secs(10),
