@@ -272,6 +272,31 @@ pub struct Stats {
     pub elapsed: Duration,
 }
 
+/// One line for logs: `3907 chunks, 3907 sent (4.1 MB), 3907 received
+/// (4.1 MB), 0 retransmitted, 0 timeouts, 0 from cache, 0 duplicates,
+/// 0 ignored, 0.347 s`.
+impl std::fmt::Display for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mb = |b: u64| b as f64 / 1e6;
+        write!(
+            f,
+            "{} chunks, {} sent ({:.1} MB), {} received ({:.1} MB), {} retransmitted, \
+             {} timeouts, {} from cache, {} duplicates, {} ignored, {:.3} s",
+            self.chunks,
+            self.packets_sent,
+            mb(self.bytes_sent),
+            self.packets_received,
+            mb(self.bytes_received),
+            self.retransmissions,
+            self.timeouts,
+            self.from_cache,
+            self.duplicates,
+            self.ignored,
+            self.elapsed.as_secs_f64()
+        )
+    }
+}
+
 /// The state of a chunk that has been sent and is not yet behind the window.
 #[derive(Clone, Copy, Debug)]
 struct Chunk {
@@ -790,6 +815,28 @@ impl<'a> Allreduce<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stats_print_on_one_line() {
+        let stats = Stats {
+            chunks: 3,
+            packets_sent: 4,
+            bytes_sent: 2_500_000,
+            packets_received: 3,
+            bytes_received: 1_250_000,
+            retransmissions: 1,
+            timeouts: 1,
+            from_cache: 1,
+            duplicates: 0,
+            ignored: 2,
+            elapsed: Duration::from_millis(1500),
+        };
+        assert_eq!(
+            stats.to_string(),
+            "3 chunks, 4 sent (2.5 MB), 3 received (1.2 MB), 1 retransmitted, 1 timeouts, \
+             1 from cache, 0 duplicates, 2 ignored, 1.500 s"
+        );
+    }
 
     const MS: Duration = Duration::from_millis(1);
 

@@ -261,13 +261,11 @@ impl Worker {
         }
         match &outcome {
             Ok(stats) => log::debug!(
-                "job {}, rank {}: allreduce of {} chunks in {:?}: {stats:?}",
+                "job {}, rank {}: allreduce: {stats}",
                 self.params.job,
-                self.params.rank,
-                stats.chunks,
-                stats.elapsed
+                self.params.rank
             ),
-            Err(error) => log::debug!("{error}; {:?}", engine.stats()),
+            Err(error) => log::debug!("{error}; {}", engine.stats()),
         }
         outcome
     }
