@@ -243,7 +243,10 @@ impl StarOptions {
 /// - Veth pairs are created in the root namespace and then moved, so every interface
 ///   of the star has an ifindex no other namespace of the star uses.
 /// - Every veth has [`StarOptions::queues`] TX and RX queues, both ends.
-/// - Switch ports are up, with no address; XDP programs attach there.
+/// - Switch ports are up, with no address, enslaved to a bridge `xbTOKEN`; XDP
+///   programs attach there. What XDP passes (anything not xina) is bridged, so
+///   workers also reach each other directly, over the same links (for
+///   host-based baselines).
 /// - Each worker interface is up, has `10.77.0.(rank+1)/24`, TX checksum offload off
 ///   and GRO on (see [`crate::ethtool`]), and permanent neighbour entries: the service
 ///   address [`SERVICE_IP`] maps to the MAC of the worker's own switch port, every
@@ -353,10 +356,16 @@ impl Star {
             iface_link.move_to(ns)?;
         }
 
-        // Switch ports: up, no address.
+        // Switch ports: up, no address, bridged, so that traffic that is not
+        // xina (which the XDP program passes to the kernel) is switched
+        // between workers like on any Ethernet switch.
+        let bridge = format!("xb{token}");
+        switch.ip(&["link", "add", "name", &bridge, "type", "bridge"])?;
         for port in &port_names {
+            switch.ip(&["link", "set", "dev", port, "master", &bridge])?;
             switch.ip(&["link", "set", "dev", port, "up"])?;
         }
+        switch.ip(&["link", "set", "dev", &bridge, "up"])?;
         let port_indexes = if_indexes(&switch, &port_names)?;
 
         // Workers: address, offloads, up, then neighbours (an admin-down flushes them).

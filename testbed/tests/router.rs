@@ -131,3 +131,54 @@ fn non_xina_traffic_is_routed_while_the_switch_is_attached() {
     );
     dp.detach_all();
 }
+
+/// In the star, workers reach each other over TCP through the switch's
+/// bridge — the same links xina uses — while the dataplane is attached.
+#[test]
+fn star_workers_reach_each_other_through_the_switch() {
+    use xina_testbed::{
+        scenario::{AllreduceSpec, star_config, start_switch},
+        topology::Star,
+    };
+    let star = Star::build(2).unwrap();
+    let spec = AllreduceSpec {
+        workers: 2,
+        ..Default::default()
+    };
+    let dp = start_switch(&star, &star_config(&star, &spec)).unwrap();
+    let before = dp.counters().unwrap();
+    let (w0, w1) = (star.worker(0), star.worker(1));
+    let listener = w1
+        .ns()
+        .run(|| TcpListener::bind((w1.ip, 7002)))
+        .unwrap()
+        .unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("tcp connection");
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).unwrap();
+        s.write_all(&buf[..n]).unwrap();
+    });
+    let to = SocketAddrV4::new(w1.ip, 7002).into();
+    let reply = w0
+        .ns()
+        .run(|| {
+            let mut t =
+                TcpStream::connect_timeout(&to, Duration::from_secs(5)).expect("tcp connect");
+            t.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            t.write_all(b"worker to worker").unwrap();
+            let mut buf = [0u8; 64];
+            let n = t.read(&mut buf).unwrap();
+            buf[..n].to_vec()
+        })
+        .unwrap();
+    server.join().unwrap();
+    assert_eq!(reply, b"worker to worker");
+    let d = dp.counters().unwrap().delta(&before);
+    assert!(
+        d.get(Counter::Passed) >= 4,
+        "the XDP program saw the TCP segments and passed them: {d:?}"
+    );
+    assert_eq!(d.get(Counter::Passed), d.get(Counter::RxPackets));
+}
