@@ -73,10 +73,7 @@ use xina::{Counters, Dataplane, JobSpec, LoadOptions, MemberSpec, dataplane::Mod
 use xina_proto::{DType, Flags, Kind, Op, Repr, counters::Counter, maps::programs};
 
 use crate::scenario::{self, AllreduceSpec};
-
-/// XDP actions, as the programs return them.
-const XDP_DROP: u32 = 1;
-const XDP_REDIRECT: u32 = 4;
+use xina::dataplane::xdp_action::{DROP as XDP_DROP, REDIRECT as XDP_REDIRECT};
 
 /// The job the `TestRun` benchmark installs, and one it never installs.
 const JOB: u32 = 9;

@@ -82,6 +82,20 @@ pub struct Result {
     pub csum: u64,
 }
 
+impl Result {
+    /// The result a slot copy holds, with the checksum adjustment of writing
+    /// it out.
+    #[inline(always)]
+    fn of(s: &Slot, csum: u64) -> Self {
+        Self {
+            flags: s.flags as u8,
+            bitmap: s.bitmap,
+            root: s.root,
+            csum,
+        }
+    }
+}
+
 /// An element type on the wire.
 pub trait Elem {
     /// Bytes per element.
@@ -321,12 +335,7 @@ fn step<E: Elem, C: Combine, const N: usize>(
         // A job of one rank: the contribution is its own result.
         s.state = slot_state::COMPLETE;
         let csum = write_out::<E, N>(s, input, output);
-        return Outcome::Completed(Result {
-            flags: s.flags as u8,
-            bitmap: s.bitmap,
-            root: s.root,
-            csum,
-        });
+        return Outcome::Completed(Result::of(s, csum));
     }
     if c.seq != s.seq {
         return Outcome::Stale;
@@ -341,12 +350,7 @@ fn step<E: Elem, C: Combine, const N: usize>(
         // A retransmission of a finished chunk: its result was lost on the
         // way to this rank. Answer from the stored result.
         let csum = write_out::<E, N>(s, input, output);
-        return Outcome::FromCache(Result {
-            flags: s.flags as u8,
-            bitmap: s.bitmap,
-            root: s.root,
-            csum,
-        });
+        return Outcome::FromCache(Result::of(s, csum));
     }
     for i in 0..N.min(E::CAP) {
         let (acc, over) = C::combine::<E>(s.values[i], E::get(input, i));
@@ -361,10 +365,5 @@ fn step<E: Elem, C: Combine, const N: usize>(
     }
     s.state = slot_state::COMPLETE;
     let csum = write_out::<E, N>(s, input, output);
-    Outcome::Completed(Result {
-        flags: s.flags as u8,
-        bitmap: s.bitmap,
-        root: s.root,
-        csum,
-    })
+    Outcome::Completed(Result::of(s, csum))
 }

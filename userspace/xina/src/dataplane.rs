@@ -206,6 +206,15 @@ impl Counters {
     }
 }
 
+/// The kernel's `enum xdp_action` values, as [`TestOutput::action`] holds them.
+pub mod xdp_action {
+    pub const ABORTED: u32 = 0;
+    pub const DROP: u32 = 1;
+    pub const PASS: u32 = 2;
+    pub const TX: u32 = 3;
+    pub const REDIRECT: u32 = 4;
+}
+
 /// The outcome of one `BPF_PROG_TEST_RUN`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TestOutput {

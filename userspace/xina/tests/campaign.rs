@@ -60,6 +60,7 @@ use std::{
 };
 
 use rand::{Rng, SeedableRng, rngs::SmallRng, seq::IndexedRandom};
+use xina::dataplane::xdp_action::{DROP as XDP_DROP, PASS as XDP_PASS, REDIRECT as XDP_REDIRECT};
 use xina::{
     Counters, Dataplane, JobSpec, LoadOptions, MemberSpec,
     dataplane::Mode,
@@ -72,10 +73,6 @@ use xina_proto::{
     maps::{Slot, slot_state},
     net::{ETH_HLEN, IPV4_HLEN, UDP_HLEN},
 };
-
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
-const XDP_REDIRECT: u32 = 4;
 
 /// The PRNG seed; change it to explore, keep it to reproduce.
 const SEED: u64 = 0x5eed_0000_0000_4a1d;

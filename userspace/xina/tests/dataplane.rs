@@ -7,6 +7,7 @@ use std::{
     sync::{LazyLock, Mutex, MutexGuard, PoisonError},
 };
 
+use xina::dataplane::xdp_action::{DROP as XDP_DROP, PASS as XDP_PASS, REDIRECT as XDP_REDIRECT};
 use xina::{
     Counters, Dataplane, JobSpec, LoadOptions, MemberSpec,
     dataplane::{Mode, TestOutput},
@@ -19,10 +20,6 @@ use xina_proto::{
     maps::{Slot, slot_state},
     net::{ETH_HLEN, IPV4_HLEN, UDP_CSUM},
 };
-
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
-const XDP_REDIRECT: u32 = 4;
 
 const JOB: u32 = 7;
 /// Offsets of the IPv4 and UDP headers in a frame without IP options.

@@ -4,11 +4,10 @@
 
 use std::net::Ipv4Addr;
 
+use xina::dataplane::xdp_action::{DROP as XDP_DROP, REDIRECT as XDP_REDIRECT};
 use xina::{Dataplane, JobSpec, LoadOptions, MemberSpec, dataplane::Mode, frame};
 use xina_proto::{DType, Flags, Kind, Op, Repr, counters::Counter};
 
-const XDP_DROP: u32 = 1;
-const XDP_REDIRECT: u32 = 4;
 const JOBS: u32 = 1024;
 const SWITCH_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 254);
 
