@@ -21,6 +21,70 @@ enum Command {
     /// Benchmarks (see the subcommands).
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// One worker of a scenario, as its own process (the scenarios run it in
+    /// a worker namespace to kill it mid-call); prints its stats.
+    #[command(hide = true)]
+    Worker(WorkerArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct WorkerArgs {
+    #[arg(long)]
+    rank: usize,
+    #[arg(long)]
+    workers: usize,
+    #[arg(long)]
+    elements: usize,
+    #[arg(long)]
+    elems_per_packet: u16,
+    #[arg(long)]
+    slots: u32,
+    #[arg(long)]
+    seed: u64,
+    #[arg(long = "type", value_enum, default_value_t = scenario::ElementType::Int32)]
+    dtype: scenario::ElementType,
+    /// The switch's xina address.
+    #[arg(long)]
+    switch: std::net::SocketAddrV4,
+    /// The address to bind (the one the switch knows this rank by).
+    #[arg(long)]
+    bind: std::net::SocketAddrV4,
+}
+
+fn worker(args: &WorkerArgs) -> anyhow::Result<bool> {
+    let spec = scenario::AllreduceSpec {
+        workers: args.workers,
+        elements: args.elements,
+        elems_per_packet: args.elems_per_packet,
+        slots: args.slots,
+        seed: args.seed,
+        dtype: args.dtype,
+        ..Default::default()
+    };
+    let mut worker = xina_host::Worker::new(
+        spec.params(args.rank, args.switch),
+        args.bind,
+        spec.config(),
+    )?;
+    let ready = || {
+        // Whoever started this process waits for this line.
+        println!("ready");
+        std::io::Write::flush(&mut std::io::stdout())
+    };
+    let stats = match args.dtype {
+        scenario::ElementType::Int32 => {
+            let mut data = scenario::worker_data(args.seed, args.rank, args.elements);
+            ready()?;
+            worker.allreduce(&mut data)?
+        }
+        scenario::ElementType::Float32 => {
+            let mut data = scenario::worker_floats(args.seed, args.rank, args.elements);
+            ready()?;
+            worker.allreduce(&mut data)?
+        }
+    };
+    println!("rank {}: {stats}", args.rank);
+    Ok(true)
 }
 
 #[derive(Debug, Subcommand)]
@@ -176,10 +240,14 @@ struct DemoArgs {
     /// Number of workers.
     #[arg(long, default_value_t = 4)]
     workers: usize,
-    /// Elements (int32) per worker.
+    /// Elements per worker.
     #[arg(long, default_value_t = 4_000_000)]
     elements: usize,
-    /// Elements per packet (1..=256).
+    /// Element type: int32 (exact) or float32 (fixed point with an agreed
+    /// scale, within the documented bound).
+    #[arg(long = "type", value_enum, default_value_t = scenario::ElementType::Int32)]
+    dtype: scenario::ElementType,
+    /// Elements per packet (1..=360).
     #[arg(long, default_value_t = 256)]
     elems_per_packet: u16,
     /// Aggregator slots of the job (the workers' window of chunks in flight).
@@ -207,11 +275,19 @@ fn demo(args: &DemoArgs) -> anyhow::Result<bool> {
         slots: args.slots,
         seed: args.seed,
         give_up: Duration::try_from_secs_f64(args.give_up).context("--give-up")?,
-        absent: Vec::new(),
+        dtype: args.dtype,
+        ..Default::default()
     };
     println!(
-        "xina demo: {} workers allreduce {} int32 each through an XDP switch ({} elements/packet, {} slots)\n",
-        spec.workers, spec.elements, spec.elems_per_packet, spec.slots
+        "xina demo: {} workers allreduce {} {} each through an XDP switch ({} elements/packet, {} slots)\n",
+        spec.workers,
+        spec.elements,
+        match spec.dtype {
+            scenario::ElementType::Int32 => "int32",
+            scenario::ElementType::Float32 => "float32",
+        },
+        spec.elems_per_packet,
+        spec.slots
     );
     let report = scenario::run_allreduce(&spec)?;
     if args.show_config {
@@ -236,6 +312,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Demo(args) => demo(args),
         Command::Bench(BenchCommand::Switch(args)) => bench_switch(args),
+        Command::Worker(args) => worker(args),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -25,8 +25,8 @@ use anyhow::{Context as _, anyhow, bail};
 use rand::{Rng as _, SeedableRng as _, rngs::StdRng};
 use serde::Serialize;
 use xina::{Counters, Dataplane, config::Config};
-use xina_host::{JobParams, Stats, Worker};
-use xina_proto::{XINA_UDP_PORT, counters::Counter, maps::names};
+use xina_host::{JobParams, Mode, Scalar, Stats, Worker};
+use xina_proto::{DType, Op, XINA_UDP_PORT, counters::Counter, maps::names};
 
 use crate::{
     netns,
@@ -53,6 +53,32 @@ pub struct AllreduceSpec {
     pub give_up: Duration,
     /// Ranks that are members of the job but never send (dead peers).
     pub absent: Vec<usize>,
+    /// The element type of the workers' buffers.
+    pub dtype: ElementType,
+    /// A rank run as a separate process and killed mid-call.
+    pub kill: Option<Kill>,
+}
+
+/// The element type a scenario reduces.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ElementType {
+    /// Random int32 in ±2^20: exact sums.
+    #[default]
+    Int32,
+    /// Random float32 in ±1, summed as fixed point: within
+    /// [`xina_host::float::sum_error_bound`].
+    Float32,
+}
+
+/// A worker run as its own process (`xina-testbed worker`) and killed with
+/// `SIGKILL` `after` its start: a host that dies in the middle of a call.
+#[derive(Clone, Debug, Serialize)]
+pub struct Kill {
+    pub rank: usize,
+    pub after: Duration,
+    /// The `xina-testbed` executable.
+    pub exe: std::path::PathBuf,
 }
 
 impl Default for AllreduceSpec {
@@ -65,14 +91,115 @@ impl Default for AllreduceSpec {
             seed: 1,
             give_up: Duration::from_secs(5),
             absent: Vec::new(),
+            dtype: ElementType::Int32,
+            kill: None,
         }
     }
 }
 
 impl AllreduceSpec {
-    /// Number of chunks each worker sends.
+    /// Number of chunks each worker sends: the call check and the data; for
+    /// floats also the scale agreement (a check and a 256-bin histogram).
     pub fn chunks(&self) -> u64 {
-        self.elements.div_ceil(usize::from(self.elems_per_packet)) as u64
+        let e = usize::from(self.elems_per_packet);
+        let call = |len: usize| (8usize.div_ceil(e) + len.div_ceil(e)) as u64;
+        match self.dtype {
+            ElementType::Int32 => call(self.elements),
+            ElementType::Float32 => call(256) + call(self.elements),
+        }
+    }
+
+    /// The parameters of rank `rank` for an allreduce job on `switch`.
+    pub fn params(&self, rank: usize, switch: SocketAddrV4) -> JobParams {
+        JobParams {
+            job: JOB_ID,
+            rank: u8::try_from(rank).expect("at most 64 ranks"),
+            fan_in: u8::try_from(self.workers).expect("at most 64 ranks"),
+            elems_per_packet: self.elems_per_packet,
+            slots: self.slots,
+            op: Op::Sum,
+            dtype: DType::I32,
+            mode: Mode::Allreduce,
+            switch,
+        }
+    }
+
+    /// The workers' config.
+    pub fn config(&self) -> xina_host::Config {
+        xina_host::Config {
+            give_up: self.give_up,
+            ..Default::default()
+        }
+    }
+}
+
+/// A scenario's element type: its workers' data and the check of a result.
+pub trait Sample: Scalar + Send + Sync {
+    /// What a correct result is compared against.
+    type Expected: Sync;
+    /// Worker `rank`'s data.
+    fn data(seed: u64, rank: usize, elements: usize) -> Vec<Self>;
+    /// The combination of every worker's data.
+    fn expected(data: &[Vec<Self>]) -> Self::Expected;
+    /// The first element of `got` that is not a correct result.
+    fn first_mismatch(got: &[Self], want: &Self::Expected) -> Option<usize>;
+}
+
+impl Sample for i32 {
+    type Expected = Vec<i32>;
+
+    fn data(seed: u64, rank: usize, elements: usize) -> Vec<Self> {
+        worker_data(seed, rank, elements)
+    }
+
+    fn expected(data: &[Vec<Self>]) -> Vec<i32> {
+        let mut sum = vec![0i32; data.first().map_or(0, Vec::len)];
+        for d in data {
+            for (e, v) in sum.iter_mut().zip(d) {
+                *e += *v;
+            }
+        }
+        sum
+    }
+
+    fn first_mismatch(got: &[Self], want: &Vec<i32>) -> Option<usize> {
+        got.iter().zip(want).position(|(a, b)| a != b)
+    }
+}
+
+/// The exact sums of float inputs and the documented error bound.
+pub struct FloatSums {
+    exact: Vec<f64>,
+    bound: f64,
+}
+
+impl Sample for f32 {
+    type Expected = FloatSums;
+
+    fn data(seed: u64, rank: usize, elements: usize) -> Vec<Self> {
+        worker_floats(seed, rank, elements)
+    }
+
+    fn expected(data: &[Vec<Self>]) -> FloatSums {
+        let mut exact = vec![0f64; data.first().map_or(0, Vec::len)];
+        let mut max_abs = 0f32;
+        for d in data {
+            for (e, v) in exact.iter_mut().zip(d) {
+                *e += f64::from(*v);
+                max_abs = max_abs.max(v.abs());
+            }
+        }
+        let n = u8::try_from(data.len()).expect("at most 64 ranks");
+        FloatSums {
+            exact,
+            bound: xina_host::float::sum_error_bound(max_abs, n),
+        }
+    }
+
+    fn first_mismatch(got: &[Self], want: &FloatSums) -> Option<usize> {
+        got.iter().zip(&want.exact).position(|(a, b)| {
+            (f64::from(*a) - b).abs() > want.bound + b.abs() * f64::from(f32::EPSILON) / 2.0
+        })
     }
 }
 
@@ -538,6 +665,12 @@ pub fn worker_data(seed: u64, rank: usize, elements: usize) -> Vec<i32> {
         .collect()
 }
 
+/// Worker `rank`'s float data: uniform in ±1.
+pub fn worker_floats(seed: u64, rank: usize, elements: usize) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed ^ (rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    (0..elements).map(|_| rng.random_range(-1.0..1.0)).collect()
+}
+
 /// Brings a switch up on `star` with one job of all its workers.
 ///
 /// # Errors
@@ -703,15 +836,23 @@ fn run_workers(
     options: RunOptions,
     config: String,
 ) -> anyhow::Result<AllreduceReport> {
-    let data: Vec<Vec<i32>> = (0..spec.workers)
-        .map(|r| worker_data(spec.seed, r, spec.elements))
-        .collect();
-    let mut expected = vec![0i32; spec.elements];
-    for d in &data {
-        for (e, v) in expected.iter_mut().zip(d) {
-            *e += *v;
-        }
+    match spec.dtype {
+        ElementType::Int32 => run_workers_of::<i32>(star, dp, spec, options, config),
+        ElementType::Float32 => run_workers_of::<f32>(star, dp, spec, options, config),
     }
+}
+
+fn run_workers_of<S: Sample>(
+    star: &Star,
+    dp: &Dataplane,
+    spec: &AllreduceSpec,
+    options: RunOptions,
+    config: String,
+) -> anyhow::Result<AllreduceReport> {
+    let data: Vec<Vec<S>> = (0..spec.workers)
+        .map(|r| S::data(spec.seed, r, spec.elements))
+        .collect();
+    let expected = S::expected(&data);
     let cpus = if options.pin_cpus {
         allowed_cpus().context("reading this process's CPU affinity")?
     } else {
@@ -726,7 +867,7 @@ fn run_workers(
     let switch = SocketAddrV4::new(star.service_ip(), XINA_UDP_PORT);
     let start = Instant::now();
     /// A worker's buffer after the call, its outcome, and when it finished.
-    type Outcome = (Vec<i32>, Result<Stats, xina_host::Error>, Instant);
+    type Outcome<S> = (Vec<S>, Result<Stats, String>, Instant);
     let (outcomes, sampled) = std::thread::scope(|scope| {
         // Stops the sampler when the workers are done, also when one panics
         // (the scope waits for every thread before it lets the panic go on).
@@ -744,20 +885,16 @@ fn run_workers(
                 let barrier = &barrier;
                 let cpu = (!cpus.is_empty()).then(|| cpus[rank % cpus.len()]);
                 let handle = scope.spawn(move || {
-                    let params = JobParams {
-                        job: JOB_ID,
-                        rank: u8::try_from(rank).expect("at most 64 ranks"),
-                        fan_in: u8::try_from(spec.workers).expect("at most 64 ranks"),
-                        elems_per_packet: spec.elems_per_packet,
-                        slots: spec.slots,
-                        switch,
-                    };
+                    let params = spec.params(rank, switch);
                     let bind = SocketAddrV4::new(worker.ip, WORKER_PORT);
-                    let config = xina_host::Config {
-                        give_up: spec.give_up,
-                        ..Default::default()
-                    };
-                    worker.ns().run(move || -> anyhow::Result<Outcome> {
+                    let config = spec.config();
+                    if let Some(kill) = spec.kill.as_ref().filter(|k| k.rank == rank) {
+                        let outcome = run_and_kill(kill, worker.ns(), spec, switch, bind, || {
+                            barrier.wait();
+                        });
+                        return Ok(outcome.map(|error| (Vec::new(), Err(error), Instant::now())));
+                    }
+                    worker.ns().run(move || -> anyhow::Result<Outcome<S>> {
                         // This is the thread that sends and receives.
                         let pinned = cpu.map_or(Ok(()), pin_current_thread);
                         // Everyone binds first, so no result arrives at a
@@ -769,7 +906,9 @@ fn run_workers(
                         pinned.with_context(|| {
                             format!("pinning rank {rank} to CPU {}", cpu.unwrap_or_default())
                         })?;
-                        let stats = w.and_then(|mut w| w.allreduce_i32(&mut buf));
+                        let stats = w
+                            .and_then(|mut w| w.allreduce(&mut buf))
+                            .map_err(|e| e.to_string());
                         Ok((buf, stats, Instant::now()))
                     })
                 });
@@ -801,17 +940,17 @@ fn run_workers(
         end = end.max(finished);
         let (error, stats) = match stats {
             Ok(s) => (None, s),
-            Err(e) => (Some(e.to_string()), Stats::default()),
+            Err(e) => (Some(e), Stats::default()),
         };
         let first_mismatch = if error.is_some() {
             None
         } else {
-            buf.iter().zip(&expected).position(|(a, b)| a != b)
+            S::first_mismatch(&buf, &expected)
         };
         workers.push(WorkerReport {
             rank,
             cpu,
-            correct: error.is_none() && first_mismatch.is_none() && buf.len() == expected.len(),
+            correct: error.is_none() && first_mismatch.is_none() && buf.len() == spec.elements,
             first_mismatch,
             error,
             packets_sent: stats.packets_sent,
@@ -881,6 +1020,72 @@ fn run_workers(
         elapsed_s: end.duration_since(start).as_secs_f64(),
         config,
     })
+}
+
+/// Runs rank `kill.rank` as `xina-testbed worker` in namespace `ns` and kills
+/// it with `SIGKILL` after `kill.after`; returns what happened to it.
+fn run_and_kill(
+    kill: &Kill,
+    ns: &netns::NetNs,
+    spec: &AllreduceSpec,
+    switch: SocketAddrV4,
+    bind: SocketAddrV4,
+    ready: impl FnOnce(),
+) -> anyhow::Result<String> {
+    let mut child = std::process::Command::new("ip")
+        .args(["netns", "exec", ns.name()])
+        .arg(&kill.exe)
+        .args([
+            "worker",
+            "--rank",
+            &kill.rank.to_string(),
+            "--workers",
+            &spec.workers.to_string(),
+            "--elements",
+            &spec.elements.to_string(),
+            "--elems-per-packet",
+            &spec.elems_per_packet.to_string(),
+            "--slots",
+            &spec.slots.to_string(),
+            "--seed",
+            &spec.seed.to_string(),
+            "--type",
+            match spec.dtype {
+                ElementType::Int32 => "int32",
+                ElementType::Float32 => "float32",
+            },
+            "--switch",
+            &switch.to_string(),
+            "--bind",
+            &bind.to_string(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {} worker", kill.exe.display()))?;
+    // It says when its socket is bound and its data made; then the others
+    // may start, and the clock starts.
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        io::BufRead::read_line(&mut io::BufReader::new(out), &mut line)
+            .context("reading the worker process's output")?;
+    }
+    ready();
+    if line.trim() != "ready" {
+        let _ = child.kill();
+        let status = child.wait().context("reaping the worker process")?;
+        bail!("rank {} did not start: {status}", kill.rank);
+    }
+    std::thread::sleep(kill.after);
+    let status = child.try_wait().context("polling the worker process")?;
+    if let Some(status) = status {
+        bail!(
+            "rank {} ended by itself before it was killed: {status}",
+            kill.rank
+        );
+    }
+    child.kill().context("killing the worker process")?;
+    let status = child.wait().context("reaping the worker process")?;
+    Ok(format!("killed after {:?} ({status})", kill.after))
 }
 
 /// Sets its flag when dropped.

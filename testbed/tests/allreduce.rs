@@ -11,7 +11,9 @@
 use std::time::{Duration, Instant};
 
 use xina_proto::counters::Counter;
-use xina_testbed::scenario::{AllreduceSpec, Loss, RunOptions, run_allreduce, run_allreduce_with};
+use xina_testbed::scenario::{
+    AllreduceSpec, ElementType, Kill, Loss, RunOptions, run_allreduce, run_allreduce_with,
+};
 
 /// Four workers, a million random int32 each: every worker gets exactly the
 /// element-wise sum, and the switch's counters show the sum was made there.
@@ -33,16 +35,17 @@ fn four_workers_allreduce_a_million_int32_in_the_switch() {
         );
     }
     assert_eq!(report.workers.len(), 4);
-    assert_eq!(report.chunks, 3907);
+    // 3907 data chunks and the call check.
+    assert_eq!(report.chunks, 3908);
     // Each contribution reached the switch and counted once, each chunk
     // completed once there, and one copy per worker left it (plus a copy per
     // retransmission answered from a slot, if a worker was not scheduled in
     // time): the sum cannot have been made anywhere else.
     assert_eq!(report.switch_accounting_error(), None);
-    assert_eq!(report.counter(Counter::Contributions), 4 * 3907);
-    assert_eq!(report.counter(Counter::Completed), 3907);
+    assert_eq!(report.counter(Counter::Contributions), 4 * 3908);
+    assert_eq!(report.counter(Counter::Completed), 3908);
     let replies = report.counter(Counter::ReplyFromCache);
-    assert_eq!(report.counter(Counter::ResultsSent), 4 * 3907 + replies);
+    assert_eq!(report.counter(Counter::ResultsSent), 4 * 3908 + replies);
 
     // The only job saw everything the switch saw, counter for counter.
     for c in Counter::ALL {
@@ -54,18 +57,18 @@ fn four_workers_allreduce_a_million_int32_in_the_switch() {
         );
     }
     assert_eq!(report.job_accounting_error(), None);
-    assert_eq!(report.job_counter(Counter::Completed), 3907);
+    assert_eq!(report.job_counter(Counter::Completed), 3908);
 
     // Each rank's contributions arrived on its own port, once per chunk, and
     // one result per chunk (and per reply from a slot) left through every port.
     assert_eq!(report.ports.len(), 4);
     for (i, p) in report.ports.iter().enumerate() {
         assert_eq!(p.rank, i);
-        assert_eq!(p.counter(Counter::Contributions), 3907, "port {}", p.name);
+        assert_eq!(p.counter(Counter::Contributions), 3908, "port {}", p.name);
         let replies = p.counter(Counter::ReplyFromCache);
         assert_eq!(
             p.counter(Counter::ResultsSent),
-            3907 + replies,
+            3908 + replies,
             "port {}",
             p.name
         );
@@ -91,7 +94,7 @@ fn odd_shapes_are_exact() {
     };
     let report = run_allreduce(&spec).expect("scenario runs");
     assert!(report.all_correct(), "{}", report.table());
-    assert_eq!(report.chunks, 101);
+    assert_eq!(report.chunks, 101 + 1);
     assert_eq!(report.switch_accounting_error(), None, "{}", report.table());
     assert_eq!(report.port_accounting_error(), None, "{}", report.table());
     assert_eq!(report.job_accounting_error(), None, "{}", report.table());
@@ -193,4 +196,100 @@ fn exact_under_loss_duplication_and_reordering() {
             "duplicated contributions were not added twice"
         );
     }
+}
+
+/// Eight workers, 16 Mi elements each, int32 and float32, through lossy links
+/// at 1% and 5% in both directions: exact (int32) or within the documented
+/// bound (float32) on every worker; the retransmissions are reported.
+#[test]
+fn eight_workers_allreduce_16_mi_elements_under_1_and_5_percent_loss() {
+    for (dtype, drop_ppm, seed) in [
+        (ElementType::Int32, 10_000, 21),
+        (ElementType::Int32, 50_000, 22),
+        (ElementType::Float32, 10_000, 23),
+        (ElementType::Float32, 50_000, 24),
+    ] {
+        let spec = AllreduceSpec {
+            workers: 8,
+            elements: 16 << 20,
+            seed,
+            dtype,
+            give_up: Duration::from_secs(20),
+            ..Default::default()
+        };
+        let options = RunOptions {
+            loss: Some(Loss {
+                drop_ppm,
+                duplicate_ppm: 0,
+                delay_ppm: 0,
+            }),
+            ..RunOptions::default()
+        };
+        let report = run_allreduce_with(&spec, options).expect("scenario runs");
+        assert!(report.all_correct(), "{}", report.table());
+        assert_eq!(report.switch_accounting_error(), None, "{}", report.table());
+        let retransmitted: u64 = report.workers.iter().map(|w| w.retransmissions).sum();
+        let dropped: u64 = report
+            .lossy
+            .iter()
+            .map(|l| l.to_switch.dropped + l.from_switch.dropped)
+            .sum();
+        println!(
+            "{dtype:?} at {drop_ppm} ppm loss: {:.2} s, links dropped {dropped}, workers \
+             retransmitted {retransmitted} ({} chunks per worker)",
+            report.elapsed_s, report.chunks
+        );
+        assert!(retransmitted > 0, "losses were recovered by retransmission");
+    }
+}
+
+/// A worker process killed in the middle of a large allreduce: every other
+/// worker returns an error naming the job, itself and the outstanding
+/// sequence numbers within the give-up bound, instead of hanging or
+/// returning a partial result.
+#[test]
+fn a_worker_killed_mid_allreduce_makes_the_others_fail_with_a_naming_error() {
+    let give_up = Duration::from_millis(1500);
+    let spec = AllreduceSpec {
+        workers: 4,
+        elements: 4 << 20,
+        seed: 31,
+        give_up,
+        kill: Some(Kill {
+            rank: 2,
+            after: Duration::from_millis(400),
+            exe: env!("CARGO_BIN_EXE_xina-testbed").into(),
+        }),
+        ..Default::default()
+    };
+    let report = run_allreduce(&spec).expect("scenario runs");
+    println!("{}", report.table());
+    assert_eq!(report.workers.len(), 4);
+    for w in &report.workers {
+        let e = w.error.as_deref().expect("an error");
+        assert!(!w.correct);
+        if w.rank == 2 {
+            assert!(e.starts_with("killed after 400ms"), "{e}");
+            continue;
+        }
+        assert!(
+            e.starts_with(&format!("job 1, rank {}: no new result for 1.5", w.rank)),
+            "{e}"
+        );
+        assert!(e.contains("chunk(s) outstanding: seq "), "{e}");
+    }
+    // The killed worker took part before it died: chunks completed.
+    assert!(report.counter(Counter::Completed) > 0, "{}", report.table());
+    assert!(
+        report.counter(Counter::Completed) < report.chunks,
+        "it died before the end"
+    );
+    // From the start of the call to the last error: the kill, then the
+    // give-up time without progress, then (generously) scheduling delays.
+    let bound = Duration::from_millis(400) + give_up + Duration::from_secs(5);
+    assert!(
+        report.elapsed_s < bound.as_secs_f64(),
+        "the last worker returned after {:.2} s",
+        report.elapsed_s
+    );
 }

@@ -1,12 +1,29 @@
-//! The sans-IO allreduce engine.
+//! The sans-IO collective engine.
 //!
-//! [`Allreduce`] is a state machine for one int32 sum-allreduce of one buffer.
-//! It owns no socket and reads no clock: the driver feeds it received datagrams
-//! ([`Allreduce::handle_packet`]) and timer expiries
-//! ([`Allreduce::handle_timeout`]), always with the current time, and asks it
-//! for datagrams to send ([`Allreduce::poll_transmit`]) and for the next
-//! deadline ([`Allreduce::poll_timeout`]). The UDP [`Worker`](crate::Worker)
-//! and the simulated network of [`sim`](crate::sim) drive the same engine.
+//! [`Engine`] is a state machine for one collective call (allreduce, reduce,
+//! reduce-scatter or barrier) over one buffer of int32 or int64 elements. It
+//! owns no socket and reads no clock: the driver feeds it received datagrams
+//! ([`Engine::handle_packet`]) and timer expiries ([`Engine::handle_timeout`]),
+//! always with the current time, and asks it for datagrams to send
+//! ([`Engine::poll_transmit`]) and for the next deadline
+//! ([`Engine::poll_timeout`]). The UDP [`Worker`](crate::Worker), the tokio
+//! [`AsyncWorker`](crate::AsyncWorker) and the simulated network of
+//! [`sim`](crate::sim) drive the same engine.
+//!
+//! # The call check
+//!
+//! Every call starts with a few chunks of its own, the *call check*: eight
+//! small numbers that encode the collective, its root and the buffer length
+//! (four 12-bit digits), sent so that the switch's combination tells every
+//! rank whether all ranks made the same call. With a sum the check sends the
+//! numbers `v` and their squares, and every rank expects `n·v` and `n·v²`
+//! (equal sums of values and of squares mean equal values); with max or min it
+//! sends `v` and `-v` and expects them back. A mismatch fails the call on every
+//! rank that receives the check's result with [`Error::CallMismatch`] instead
+//! of combining unrelated chunks in silence. The check costs one chunk per
+//! call (more when a packet holds fewer than eight elements, and one per rank
+//! in reduce-scatter, where each rank only sees the chunks it is root of); it
+//! travels with the first data chunks, so it adds no round trip.
 //!
 //! # Chunks, slots and the window
 //!
@@ -49,7 +66,7 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use xina_proto::header::HEADER_LEN;
-use xina_proto::{DType, Flags, Kind, MAX_ELEMS, MAX_RANKS, Op, Packet, Repr};
+use xina_proto::{DType, Flags, Kind, MAX_PAYLOAD, MAX_RANKS, Op, Packet, Repr};
 
 use crate::error::{Error, SeqList};
 
@@ -61,8 +78,140 @@ use crate::error::{Error, SeqList};
 /// slots than this for one job would need over 32 GiB of slot memory.
 pub const MAX_WINDOW: u32 = 1 << 24;
 
-/// The longest datagram the engine writes: a header and [`MAX_ELEMS`] int32s.
-pub const MAX_DATAGRAM_LEN: usize = HEADER_LEN + MAX_ELEMS * 4;
+/// The longest datagram the engine writes: a header and a full payload
+/// ([`MAX_PAYLOAD`] bytes: 360 int32 or 180 int64).
+pub const MAX_DATAGRAM_LEN: usize = HEADER_LEN + MAX_PAYLOAD;
+
+/// An element type the switch combines: `i32` or `i64`.
+///
+/// Floats travel as one of these (see [`crate::float`]).
+pub trait Element: Copy + Default + PartialEq + Send + Sync + std::fmt::Debug + 'static {
+    /// The wire type.
+    const DTYPE: DType;
+    /// Reads a big-endian element from the first `DTYPE.size()` bytes.
+    fn read(bytes: &[u8]) -> Self;
+    /// Writes the element big-endian into the first `DTYPE.size()` bytes.
+    fn write(self, out: &mut [u8]);
+    /// The element with a value that fits every element type.
+    fn from_i32(value: i32) -> Self;
+}
+
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+    fn read(bytes: &[u8]) -> Self {
+        Self::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+    }
+    fn write(self, out: &mut [u8]) {
+        out[..4].copy_from_slice(&self.to_be_bytes());
+    }
+    fn from_i32(value: i32) -> Self {
+        value
+    }
+}
+
+impl Element for i64 {
+    const DTYPE: DType = DType::I64;
+    fn read(bytes: &[u8]) -> Self {
+        let mut raw = [0; 8];
+        raw.copy_from_slice(&bytes[..8]);
+        Self::from_be_bytes(raw)
+    }
+    fn write(self, out: &mut [u8]) {
+        out[..8].copy_from_slice(&self.to_be_bytes());
+    }
+    fn from_i32(value: i32) -> Self {
+        Self::from(value)
+    }
+}
+
+/// How the switch delivers a job's completed chunks; fixed per job when the
+/// control plane installs it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Every member gets every result.
+    #[default]
+    Allreduce,
+    /// The chunk's root gets the result, the others a payload-less notice.
+    Reduce,
+    /// Like `Reduce`, each chunk naming its own root.
+    ReduceScatter,
+}
+
+impl Mode {
+    /// The name used in configs and messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Allreduce => "allreduce",
+            Self::Reduce => "reduce",
+            Self::ReduceScatter => "reduce-scatter",
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The collective one [`Engine`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Collective {
+    /// Every rank ends with the combination of all buffers (an allreduce job).
+    Allreduce,
+    /// Rank `root` ends with the combination; the others' buffers are left
+    /// as they were (a reduce job).
+    Reduce {
+        /// The rank that receives the result.
+        root: u8,
+    },
+    /// The buffer is cut into `fan_in` equal parts; rank `r` ends with the
+    /// combination of part `r` in place, the other parts are left as they
+    /// were (a reduce-scatter job).
+    ReduceScatter,
+    /// No data: returns once every rank has called it (any job mode).
+    Barrier,
+    /// Every rank ends with the combination of all buffers, whatever the
+    /// job's mode: an allreduce in allreduce mode; in the reduce modes the
+    /// buffer goes to the switch once per rank, each time with that rank as
+    /// the root, so it costs `fan_in` times the traffic — for small buffers,
+    /// such as the scale agreement of float calls.
+    Share,
+}
+
+impl Collective {
+    /// The name used in messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Allreduce => "allreduce",
+            Self::Reduce { .. } => "reduce",
+            Self::ReduceScatter => "reduce-scatter",
+            Self::Barrier => "barrier",
+            Self::Share => "share",
+        }
+    }
+
+    /// The job mode the collective needs, `None` for any.
+    pub const fn mode(self) -> Option<Mode> {
+        match self {
+            Self::Allreduce => Some(Mode::Allreduce),
+            Self::Reduce { .. } => Some(Mode::Reduce),
+            Self::ReduceScatter => Some(Mode::ReduceScatter),
+            Self::Barrier | Self::Share => None,
+        }
+    }
+
+    /// The number the call check carries for the collective and its root.
+    const fn code(self) -> i32 {
+        match self {
+            Self::Allreduce => 1,
+            Self::Reduce { root } => 2 + 4 * root as i32,
+            Self::ReduceScatter => 3,
+            Self::Barrier => 0,
+            Self::Share => 4 * 64 + 2,
+        }
+    }
+}
 
 /// One worker's place in a job: everything the engine needs to know about the
 /// job, none of it about addresses.
@@ -74,10 +223,17 @@ pub struct Member {
     pub rank: u8,
     /// How many ranks contribute to every chunk (1..=64).
     pub fan_in: u8,
-    /// Elements per packet, `E` (1..=[`MAX_ELEMS`]); the same on every rank.
+    /// Elements per packet, `E` (1 to 360 int32 or 180 int64); the same on
+    /// every rank.
     pub elems_per_packet: u16,
     /// The job's aggregator slots, `W`: the window (1..=[`MAX_WINDOW`]).
     pub slots: u32,
+    /// How the switch combines the job's elements.
+    pub op: Op,
+    /// The job's element type.
+    pub dtype: DType,
+    /// How the switch delivers the job's results.
+    pub mode: Mode,
 }
 
 impl Member {
@@ -93,6 +249,8 @@ impl Member {
             fan_in,
             elems_per_packet,
             slots,
+            dtype,
+            ..
         } = *self;
         if fan_in == 0 || usize::from(fan_in) > MAX_RANKS {
             return Err(Error::InvalidFanIn { job, fan_in });
@@ -100,10 +258,11 @@ impl Member {
         if rank >= fan_in {
             return Err(Error::RankOutOfRange { job, rank, fan_in });
         }
-        if elems_per_packet == 0 || usize::from(elems_per_packet) > MAX_ELEMS {
+        if elems_per_packet == 0 || usize::from(elems_per_packet) > dtype.max_elems() {
             return Err(Error::InvalidElemsPerPacket {
                 job,
                 elems_per_packet,
+                dtype,
             });
         }
         if slots == 0 || slots > MAX_WINDOW {
@@ -141,6 +300,9 @@ pub struct Config {
     /// How long to wait for any new result before failing with
     /// [`Error::GaveUp`].
     pub give_up: Duration,
+    /// Headroom bits of float sums' fixed-point scale; `None` for the safe
+    /// `⌈log₂ fan_in⌉`, which cannot overflow (see [`crate::float`]).
+    pub float_headroom_bits: Option<u8>,
 }
 
 impl Default for Config {
@@ -157,6 +319,7 @@ impl Default for Config {
             min_rto: Duration::from_millis(5),
             max_rto: Duration::from_millis(500),
             give_up: Duration::from_secs(5),
+            float_headroom_bits: None,
         }
     }
 }
@@ -176,6 +339,8 @@ impl Config {
             "max_rto must be at least initial_rto"
         } else if self.give_up.is_zero() {
             "give_up must be positive"
+        } else if self.float_headroom_bits.is_some_and(|h| h > 30) {
+            "float_headroom_bits must be at most 30"
         } else {
             return Ok(());
         };
@@ -244,13 +409,13 @@ impl RttEstimator {
 /// Counters of one collective call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Chunks the buffer was cut into.
+    /// Chunks the call was cut into, the call check's included.
     pub chunks: u64,
-    /// Datagrams written by [`Allreduce::poll_transmit`], retransmissions included.
+    /// Datagrams written by [`Engine::poll_transmit`], retransmissions included.
     pub packets_sent: u64,
     /// Bytes of those datagrams (xina header and payload).
     pub bytes_sent: u64,
-    /// Datagrams given to [`Allreduce::handle_packet`], whatever they were.
+    /// Datagrams given to [`Engine::handle_packet`], whatever they were.
     pub packets_received: u64,
     /// Bytes of those datagrams.
     pub bytes_received: u64,
@@ -267,21 +432,43 @@ pub struct Stats {
     /// another job, another kind, a sequence number outside the call, a
     /// mismatched element count or slot.
     pub ignored: u64,
+    /// Chunks of a float call sent again at a coarser scale because their
+    /// fixed-point sum overflowed (see [`crate::float`]); 0 for integer calls.
+    pub rescaled: u64,
     /// From the creation of the engine to its completion or failure (or to
     /// the last event, while it runs).
     pub elapsed: Duration,
 }
 
+impl Stats {
+    /// Adds the counters of a later call of the same collective (a float
+    /// call runs several engines).
+    pub fn absorb(&mut self, other: &Self) {
+        self.chunks += other.chunks;
+        self.packets_sent += other.packets_sent;
+        self.bytes_sent += other.bytes_sent;
+        self.packets_received += other.packets_received;
+        self.bytes_received += other.bytes_received;
+        self.retransmissions += other.retransmissions;
+        self.timeouts += other.timeouts;
+        self.from_cache += other.from_cache;
+        self.duplicates += other.duplicates;
+        self.ignored += other.ignored;
+        self.rescaled += other.rescaled;
+        self.elapsed += other.elapsed;
+    }
+}
+
 /// One line for logs: `3907 chunks, 3907 sent (4.1 MB), 3907 received
 /// (4.1 MB), 0 retransmitted, 0 timeouts, 0 from cache, 0 duplicates,
-/// 0 ignored, 0.347 s`.
+/// 0 ignored, 0.347 s` (and `, N rescaled` when a float call rescaled).
 impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mb = |b: u64| b as f64 / 1e6;
         write!(
             f,
             "{} chunks, {} sent ({:.1} MB), {} received ({:.1} MB), {} retransmitted, \
-             {} timeouts, {} from cache, {} duplicates, {} ignored, {:.3} s",
+             {} timeouts, {} from cache, {} duplicates, {} ignored, ",
             self.chunks,
             self.packets_sent,
             mb(self.bytes_sent),
@@ -292,8 +479,11 @@ impl std::fmt::Display for Stats {
             self.from_cache,
             self.duplicates,
             self.ignored,
-            self.elapsed.as_secs_f64()
-        )
+        )?;
+        if self.rescaled > 0 {
+            write!(f, "{} rescaled, ", self.rescaled)?;
+        }
+        write!(f, "{:.3} s", self.elapsed.as_secs_f64())
     }
 }
 
@@ -320,7 +510,63 @@ struct Timer {
     transmission: u32,
 }
 
-/// A sum-allreduce of one int32 buffer, in place.
+/// Elements in the call check.
+const CHECK_LEN: usize = 8;
+
+/// Which buffer a segment's elements come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// The call check.
+    Check,
+    /// The caller's buffer.
+    Data,
+    /// The caller's buffer as it was at the start (a shared reduction in a
+    /// reduce mode); results go to the caller's buffer.
+    Shared,
+}
+
+/// A run of elements chunked together, all with one root.
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    source: Source,
+    /// The first element in its source.
+    start: usize,
+    /// Elements in the segment.
+    len: usize,
+    /// The rank that gets the results of its chunks (in reduce modes).
+    root: u8,
+    /// The index of its first chunk in the call.
+    first: usize,
+}
+
+/// The numbers of the call check — `v` then `v²` (sum) or `-v` (max, min) —
+/// and their combination over `fan_in` ranks that all sent the same.
+///
+/// Every number is below 2^16 and its square below 2^24, so `fan_in` (at most
+/// 64) times it fits an int32 without overflow.
+fn check_values<T: Element>(
+    op: Op,
+    collective: Collective,
+    len: usize,
+    fan_in: u8,
+) -> ([T; CHECK_LEN], [T; CHECK_LEN]) {
+    const DIGIT: usize = 1 << 12;
+    let digit = |i: u32| i32::try_from((len / DIGIT.pow(i)) % DIGIT).expect("below 2^12");
+    let v = [collective.code(), digit(0), digit(1), digit(2)];
+    let n = if op == Op::Sum { i32::from(fan_in) } else { 1 };
+    let mut send = [T::default(); CHECK_LEN];
+    let mut expect = [T::default(); CHECK_LEN];
+    for (i, x) in v.into_iter().enumerate() {
+        let other = if op == Op::Sum { x * x } else { -x };
+        send[i] = T::from_i32(x);
+        send[4 + i] = T::from_i32(other);
+        expect[i] = T::from_i32(n * x);
+        expect[4 + i] = T::from_i32(n * other);
+    }
+    (send, expect)
+}
+
+/// One collective call over one buffer, in place.
 ///
 /// Create it with the caller's buffer, then loop: send what
 /// [`poll_transmit`](Self::poll_transmit) writes, feed received datagrams to
@@ -333,13 +579,27 @@ struct Timer {
 ///
 /// Results are written into the buffer chunk by chunk as they arrive; a chunk's
 /// inputs are never needed again once its result is in. After a failure the
-/// buffer holds a mix of sums and inputs and must not be used as a result.
+/// buffer holds a mix of results and inputs and must not be used as a result.
 #[derive(Debug)]
-pub struct Allreduce<'a> {
+pub struct Engine<'a, T: Element> {
     member: Member,
     config: Config,
+    collective: Collective,
     rtt: RttEstimator,
-    data: &'a mut [i32],
+    data: &'a mut [T],
+    /// What this rank sends in the call check, and receives when it is
+    /// the root of the check's chunks.
+    check: [T; CHECK_LEN],
+    /// What the check's result must be.
+    check_expect: [T; CHECK_LEN],
+    check_result: [T; CHECK_LEN],
+    /// The input of a [`Collective::Share`] in a reduce mode.
+    shared: Vec<T>,
+    /// Check elements received with a payload.
+    check_received: usize,
+    /// Check elements this rank receives a payload for.
+    check_expected: usize,
+    segments: Vec<Segment>,
     first_chunk: u64,
     /// Chunks in the call.
     chunks: usize,
@@ -359,36 +619,131 @@ pub struct Allreduce<'a> {
     finished: Option<Instant>,
     /// The first overflowing chunk and how many chunks overflowed.
     overflow: Option<(usize, usize)>,
+    /// Every chunk whose result carried the overflow flag, when asked for.
+    overflowed: Option<Vec<usize>>,
     failure: Option<Error>,
     outcome_taken: bool,
     stats: Stats,
 }
 
-impl<'a> Allreduce<'a> {
-    /// Starts an allreduce of `data` whose first chunk has the chunk number
-    /// `first_chunk` (0 for a worker's first collective, then
-    /// [`next_chunk`](Self::next_chunk) of the previous one; every rank must
-    /// use the same number).
-    ///
-    /// An empty buffer completes at once.
+impl<'a, T: Element> Engine<'a, T> {
+    /// Starts `collective` over `data`, whose first chunk (the call check's)
+    /// has the chunk number `first_chunk` (0 for a worker's first
+    /// collective, then [`next_chunk`](Self::next_chunk) of the previous
+    /// one; every rank must use the same number).
     ///
     /// # Errors
-    /// The errors of [`Member::validate`] and [`Config::validate`].
+    /// The errors of [`Member::validate`] and [`Config::validate`];
+    /// [`Error::WrongType`] if `T` is not the job's element type,
+    /// [`Error::WrongMode`] if the collective needs another job mode,
+    /// [`Error::RootOutOfRange`], [`Error::LengthNotDivisible`] (a
+    /// reduce-scatter whose length is not a multiple of the fan-in).
     pub fn new(
         member: Member,
         config: Config,
+        collective: Collective,
         first_chunk: u64,
-        data: &'a mut [i32],
+        data: &'a mut [T],
         now: Instant,
     ) -> Result<Self, Error> {
         member.validate()?;
         config.validate()?;
-        let chunks = data.len().div_ceil(usize::from(member.elems_per_packet));
-        let mut engine = Self {
+        let Member {
+            job, fan_in, rank, ..
+        } = member;
+        if member.dtype != T::DTYPE {
+            return Err(Error::WrongType {
+                job,
+                job_dtype: member.dtype,
+                call: format!(
+                    "{} of {}",
+                    collective.name(),
+                    crate::error::dtype_name(T::DTYPE)
+                ),
+            });
+        }
+        if let Some(needed) = collective.mode()
+            && needed != member.mode
+        {
+            return Err(Error::WrongMode {
+                job,
+                mode: member.mode,
+                needed,
+                collective: collective.name(),
+            });
+        }
+        let len = data.len();
+        let mut shared = Vec::new();
+        let mut roots: Vec<(Source, usize, usize, u8)> = Vec::new();
+        // The check goes to the ranks that need it: everybody in allreduce,
+        // the root in reduce, each rank in reduce-scatter.
+        match (collective, member.mode) {
+            (Collective::Reduce { root }, _) if root >= fan_in => {
+                return Err(Error::RootOutOfRange { job, root, fan_in });
+            }
+            (Collective::Reduce { root }, _) => roots.push((Source::Check, 0, CHECK_LEN, root)),
+            (Collective::ReduceScatter, _)
+            | (Collective::Barrier, Mode::ReduceScatter)
+            | (Collective::Share, Mode::Reduce | Mode::ReduceScatter) => {
+                roots.extend((0..fan_in).map(|r| (Source::Check, 0, CHECK_LEN, r)));
+            }
+            _ => roots.push((Source::Check, 0, CHECK_LEN, 0)),
+        }
+        match collective {
+            Collective::Allreduce => roots.push((Source::Data, 0, len, 0)),
+            Collective::Reduce { root } => roots.push((Source::Data, 0, len, root)),
+            Collective::ReduceScatter => {
+                if !len.is_multiple_of(usize::from(fan_in)) {
+                    return Err(Error::LengthNotDivisible { job, len, fan_in });
+                }
+                let part = len / usize::from(fan_in);
+                roots.extend((0..fan_in).map(|r| (Source::Data, usize::from(r) * part, part, r)));
+            }
+            Collective::Barrier => {}
+            Collective::Share if member.mode == Mode::Allreduce => {
+                roots.push((Source::Data, 0, len, 0));
+            }
+            Collective::Share => {
+                // Each rank's copy of the result comes back to it in place,
+                // so what goes out comes from a copy of the input.
+                shared = data.to_vec();
+                roots.extend((0..fan_in).map(|r| (Source::Shared, 0, len, r)));
+            }
+        }
+        let e = usize::from(member.elems_per_packet);
+        let mut segments = Vec::with_capacity(roots.len());
+        let mut chunks = 0;
+        let mut check_expected = 0;
+        for (source, start, len, root) in roots {
+            if len == 0 {
+                continue;
+            }
+            if source == Source::Check && (member.mode == Mode::Allreduce || root == rank) {
+                check_expected += len;
+            }
+            segments.push(Segment {
+                source,
+                start,
+                len,
+                root,
+                first: chunks,
+            });
+            chunks += len.div_ceil(e);
+        }
+        let (check, check_expect) = check_values(member.op, collective, len, fan_in);
+        Ok(Self {
             member,
             config,
+            collective,
             rtt: RttEstimator::new(),
             data,
+            check,
+            check_expect,
+            check_result: [T::default(); CHECK_LEN],
+            shared,
+            check_received: 0,
+            check_expected,
+            segments,
             first_chunk,
             chunks,
             base: 0,
@@ -401,17 +756,14 @@ impl<'a> Allreduce<'a> {
             last_progress: now,
             finished: None,
             overflow: None,
+            overflowed: None,
             failure: None,
             outcome_taken: false,
             stats: Stats {
                 chunks: chunks as u64,
                 ..Stats::default()
             },
-        };
-        if chunks == 0 {
-            engine.finished = Some(now);
-        }
-        Ok(engine)
+        })
     }
 
     /// Starts from a round-trip estimate carried over from earlier calls.
@@ -421,9 +773,37 @@ impl<'a> Allreduce<'a> {
         self
     }
 
+    /// Completes the call even when results carry the overflow flag and
+    /// records which data chunks overflowed ([`overflowed`](Self::overflowed)),
+    /// for a caller that recovers from overflow itself (float calls).
+    #[must_use]
+    pub fn tolerate_overflow(mut self) -> Self {
+        self.overflowed = Some(Vec::new());
+        self
+    }
+
+    /// The element ranges of the caller's buffer whose chunks came back with
+    /// the overflow flag, in chunk order (only with
+    /// [`tolerate_overflow`](Self::tolerate_overflow)).
+    pub fn overflowed(&self) -> Vec<Range<usize>> {
+        self.overflowed
+            .iter()
+            .flatten()
+            .filter_map(|&k| {
+                let (segment, range) = self.locate(k);
+                (segment.source != Source::Check).then_some(range)
+            })
+            .collect()
+    }
+
     /// The member this engine speaks for.
     pub const fn member(&self) -> &Member {
         &self.member
+    }
+
+    /// The collective this engine runs.
+    pub const fn collective(&self) -> Collective {
+        self.collective
     }
 
     /// The round-trip estimate, to carry over to the next call.
@@ -431,7 +811,7 @@ impl<'a> Allreduce<'a> {
         &self.rtt
     }
 
-    /// How many chunks the buffer was cut into.
+    /// How many chunks the call was cut into, the call check's included.
     pub const fn chunks(&self) -> usize {
         self.chunks
     }
@@ -450,7 +830,8 @@ impl<'a> Allreduce<'a> {
     /// The longest datagram this engine writes; `poll_transmit` needs a buffer
     /// at least this long.
     pub fn max_datagram_len(&self) -> usize {
-        HEADER_LEN + 4 * usize::from(self.member.elems_per_packet).min(self.data.len())
+        let longest = self.segments.iter().map(|s| s.len).max().unwrap_or(0);
+        HEADER_LEN + T::DTYPE.size() * usize::from(self.member.elems_per_packet).min(longest)
     }
 
     /// Whether the call has completed or failed.
@@ -471,7 +852,6 @@ impl<'a> Allreduce<'a> {
             ..self.stats
         }
     }
-
     /// The outcome, once: `Some` the first time it is called after the call
     /// completed or failed, `None` before and after.
     pub fn take_outcome(&mut self) -> Option<Result<Stats, Error>> {
@@ -573,11 +953,11 @@ impl<'a> Allreduce<'a> {
             self.stats.ignored += 1;
             return;
         };
-        let Member { job, rank, .. } = self.member;
+        let Member { job, rank, op, .. } = self.member;
         if repr.kind != Kind::AggResult
             || repr.job != job
-            || repr.op != Op::Sum
-            || repr.dtype != DType::I32
+            || repr.op != op
+            || repr.dtype != T::DTYPE
             || repr.bitmap & (1 << rank) == 0
         {
             self.stats.ignored += 1;
@@ -601,10 +981,18 @@ impl<'a> Allreduce<'a> {
             return;
         }
         let k = self.base + ahead;
-        let range = self.elements(k);
+        let (segment, range) = self.locate(k);
         let (slot, version) = self.member.slot_of(self.chunk_number(k));
+        let notice = repr.flags.contains(Flags::NOTICE);
+        let expected_count = if self.expects_payload(&segment) {
+            range.len()
+        } else {
+            0
+        };
         if self.finished.is_some()
-            || usize::from(repr.count) != range.len()
+            || notice != (expected_count == 0)
+            || usize::from(repr.count) != expected_count
+            || repr.root != segment.root
             || repr.slot != slot
             || repr.slot_version != version
         {
@@ -612,22 +1000,37 @@ impl<'a> Allreduce<'a> {
             return;
         }
 
-        for (dst, src) in self.data[range]
-            .iter_mut()
-            .zip(packet.payload().chunks_exact(4))
-        {
-            let mut raw = [0; 4];
-            raw.copy_from_slice(src);
-            *dst = i32::from_be_bytes(raw);
+        if !notice {
+            let size = T::DTYPE.size();
+            let values = packet.payload().chunks_exact(size).map(T::read);
+            match segment.source {
+                Source::Data | Source::Shared => {
+                    for (dst, value) in self.data[range].iter_mut().zip(values) {
+                        *dst = value;
+                    }
+                }
+                Source::Check => {
+                    let n = range.len();
+                    for (dst, value) in self.check_result[range].iter_mut().zip(values) {
+                        *dst = value;
+                    }
+                    self.check_received += n;
+                }
+            }
         }
         if repr.flags.contains(Flags::FROM_CACHE) {
             self.stats.from_cache += 1;
         }
         if repr.flags.contains(Flags::OVERFLOW) {
-            self.overflow = Some(match self.overflow {
-                None => (k, 1),
-                Some((first, n)) => (first.min(k), n + 1),
-            });
+            match &mut self.overflowed {
+                Some(list) => list.push(k),
+                None => {
+                    self.overflow = Some(match self.overflow {
+                        None => (k, 1),
+                        Some((first, n)) => (first.min(k), n + 1),
+                    });
+                }
+            }
         }
         let chunk = &mut self.window[ahead];
         chunk.done = true;
@@ -642,6 +1045,14 @@ impl<'a> Allreduce<'a> {
             self.base += 1;
         }
         self.prune_timers();
+        if segment.source == Source::Check
+            && self.check_expected > 0
+            && self.check_received == self.check_expected
+            && !self.check_passed()
+        {
+            self.fail(now, self.mismatch());
+            return;
+        }
         if self.base == self.chunks {
             self.complete(now);
         }
@@ -688,9 +1099,41 @@ impl<'a> Allreduce<'a> {
         self.first_chunk.wrapping_add(k as u64)
     }
 
-    fn elements(&self, k: usize) -> Range<usize> {
+    /// The segment of chunk `k` and the chunk's elements in the segment's
+    /// source.
+    fn locate(&self, k: usize) -> (Segment, Range<usize>) {
+        let i = self.segments.partition_point(|s| s.first <= k) - 1;
+        let segment = self.segments[i];
         let e = usize::from(self.member.elems_per_packet);
-        k * e..((k + 1) * e).min(self.data.len())
+        let offset = (k - segment.first) * e;
+        let start = segment.start + offset;
+        let end = segment.start + (offset + e).min(segment.len);
+        (segment, start..end)
+    }
+
+    /// Whether this rank gets the result of the segment's chunks with their
+    /// payload (or a notice).
+    fn expects_payload(&self, segment: &Segment) -> bool {
+        self.member.mode == Mode::Allreduce || segment.root == self.member.rank
+    }
+
+    /// Whether the check's result is what equal calls on every rank give.
+    fn check_passed(&self) -> bool {
+        self.check_result == self.check_expect
+    }
+
+    fn mismatch(&self) -> Error {
+        let Member { job, rank, .. } = self.member;
+        Error::CallMismatch {
+            job,
+            rank,
+            collective: self.collective.name(),
+            root: match self.collective {
+                Collective::Reduce { root } => Some(root),
+                _ => None,
+            },
+            len: self.data.len(),
+        }
     }
 
     /// The in-flight chunk `k`, or `None` if it is behind the window.
@@ -730,8 +1173,9 @@ impl<'a> Allreduce<'a> {
     }
 
     fn emit(&mut self, k: usize, retransmit: bool, buf: &mut [u8]) -> usize {
-        let range = self.elements(k);
-        let len = HEADER_LEN + 4 * range.len();
+        let (segment, range) = self.locate(k);
+        let size = T::DTYPE.size();
+        let len = HEADER_LEN + size * range.len();
         assert!(
             buf.len() >= len,
             "transmit buffer of {} bytes, need {len}",
@@ -745,25 +1189,25 @@ impl<'a> Allreduce<'a> {
             job: self.member.job,
             rank: self.member.rank,
             fan_in: self.member.fan_in,
-            op: Op::Sum,
-            dtype: DType::I32,
+            op: self.member.op,
+            dtype: T::DTYPE,
             seq: Member::seq_of(chunk),
             slot,
             slot_version,
             count: u16::try_from(range.len()).expect("a chunk holds at most MAX_ELEMS elements"),
             exponent: 0,
-            // Allreduce: every rank receives every chunk, no root.
-            root: 0,
+            root: segment.root,
             bitmap: 1 << self.member.rank,
         };
         let mut packet = Packet::new_unchecked(&mut buf[..len]);
         repr.emit(&mut packet);
-        for (dst, value) in packet
-            .payload_mut()
-            .chunks_exact_mut(4)
-            .zip(&self.data[range])
-        {
-            dst.copy_from_slice(&value.to_be_bytes());
+        let values = match segment.source {
+            Source::Data => &self.data[range],
+            Source::Shared => &self.shared[range],
+            Source::Check => &self.check[range],
+        };
+        for (dst, value) in packet.payload_mut().chunks_exact_mut(size).zip(values) {
+            value.write(dst);
         }
         self.stats.packets_sent += 1;
         self.stats.bytes_sent += len as u64;
@@ -778,7 +1222,7 @@ impl<'a> Allreduce<'a> {
                 job,
                 rank,
                 seq: Member::seq_of(self.chunk_number(k)),
-                elements: self.elements(k),
+                elements: self.locate(k).1,
                 chunks,
             };
             log::warn!("{error}");
@@ -796,14 +1240,20 @@ impl<'a> Allreduce<'a> {
         );
         let completed = self.base + self.window.iter().filter(|c| c.done).count();
         let Member { job, rank, .. } = self.member;
-        let error = Error::GaveUp {
-            job,
-            rank,
-            waited,
-            completed,
-            total: self.chunks,
-            outstanding,
-        };
+        self.fail(
+            now,
+            Error::GaveUp {
+                job,
+                rank,
+                waited,
+                completed,
+                total: self.chunks,
+                outstanding,
+            },
+        );
+    }
+
+    fn fail(&mut self, now: Instant, error: Error) {
         log::warn!("{error}");
         self.failure = Some(error);
         self.finished = Some(now);
@@ -829,6 +1279,7 @@ mod tests {
             from_cache: 1,
             duplicates: 0,
             ignored: 2,
+            rescaled: 0,
             elapsed: Duration::from_millis(1500),
         };
         assert_eq!(
@@ -847,10 +1298,51 @@ mod tests {
             fan_in,
             elems_per_packet,
             slots,
+            op: Op::Sum,
+            dtype: DType::I32,
+            mode: Mode::Allreduce,
         }
     }
 
-    fn sent(engine: &mut Allreduce<'_>, now: Instant) -> Option<(Repr, Vec<i32>, Vec<u8>)> {
+    /// An allreduce engine whose data chunks have the chunk numbers `first`,
+    /// `first + 1`, ...: its call check (the chunks before `first`, one per
+    /// `elems_per_packet` of its 8 numbers) is sent and answered at `t0`, and
+    /// the round-trip samples that gave are forgotten, so the tests below see
+    /// the data chunks alone.
+    fn start(
+        member: Member,
+        config: Config,
+        first: u64,
+        data: &mut [i32],
+        t0: Instant,
+    ) -> Engine<'_, i32> {
+        let checks = CHECK_LEN.div_ceil(usize::from(member.elems_per_packet));
+        let mut engine = Engine::new(
+            member,
+            config,
+            Collective::Allreduce,
+            first.wrapping_sub(checks as u64),
+            data,
+            t0,
+        )
+        .expect("valid parameters");
+        for _ in 0..checks {
+            let (check, values, _) = sent(&mut engine, t0).expect("the call check");
+            let n = i32::from(member.fan_in);
+            let sums: Vec<i32> = values.iter().map(|v| v * n).collect();
+            engine.handle_packet(t0, &result(&check, &sums, 0));
+        }
+        assert_eq!(engine.base, checks, "the check passed");
+        engine.rtt = RttEstimator::new();
+        engine
+    }
+
+    /// The bytes of a call check cut into `chunks` datagrams.
+    const fn check_bytes(chunks: u64) -> u64 {
+        chunks * HEADER_LEN as u64 + 4 * CHECK_LEN as u64
+    }
+
+    fn sent(engine: &mut Engine<'_, i32>, now: Instant) -> Option<(Repr, Vec<i32>, Vec<u8>)> {
         let mut buf = [0; MAX_DATAGRAM_LEN];
         let len = engine.poll_transmit(now, &mut buf)?;
         let packet = Packet::new_checked(&buf[..len]).expect("a whole packet");
@@ -884,9 +1376,8 @@ mod tests {
     fn the_window_holds_back_chunk_c_until_the_result_of_c_minus_w() {
         let t0 = Instant::now();
         let mut data: Vec<i32> = (1..=10).collect();
-        let mut engine = Allreduce::new(member(1, 2, 4, 2), Config::default(), 0, &mut data, t0)
-            .expect("valid parameters");
-        assert_eq!(engine.chunks(), 3);
+        let mut engine = start(member(1, 2, 4, 2), Config::default(), 0, &mut data, t0);
+        assert_eq!(engine.chunks(), 5, "2 check chunks and 3 data chunks");
 
         let (r0, v0, _) = sent(&mut engine, t0).expect("chunk 0");
         let (r1, v1, _) = sent(&mut engine, t0).expect("chunk 1");
@@ -927,9 +1418,12 @@ mod tests {
         assert!(engine.take_outcome().is_none(), "the outcome is taken once");
         assert_eq!(
             (stats.chunks, stats.packets_sent, stats.packets_received),
-            (3, 3, 3)
+            (5, 5, 5)
         );
-        assert_eq!(stats.bytes_sent, 3 * HEADER_LEN as u64 + 40);
+        assert_eq!(
+            stats.bytes_sent,
+            check_bytes(2) + 3 * HEADER_LEN as u64 + 40
+        );
         assert_eq!(
             (stats.retransmissions, stats.duplicates, stats.ignored),
             (0, 0, 0)
@@ -965,7 +1459,7 @@ mod tests {
 
         let t0 = Instant::now();
         let mut data = [1, 2, 3];
-        let mut engine = Allreduce::new(m, Config::default(), last, &mut data, t0).unwrap();
+        let mut engine = start(m, Config::default(), last, &mut data, t0);
         let seqs: Vec<_> = std::iter::from_fn(|| sent(&mut engine, t0))
             .map(|(r, _, _)| (r.seq, r.slot, r.slot_version))
             .collect();
@@ -982,7 +1476,7 @@ mod tests {
         };
         let t0 = Instant::now();
         let mut data = [7];
-        let mut engine = Allreduce::new(member(0, 2, 8, 4), config, 0, &mut data, t0).unwrap();
+        let mut engine = start(member(0, 2, 8, 4), config, 0, &mut data, t0);
         let (first, _, _) = sent(&mut engine, t0).unwrap();
         assert_eq!(engine.poll_timeout(), Some(t0 + 10 * MS));
 
@@ -1013,7 +1507,7 @@ mod tests {
         engine.handle_packet(at, &result(&first, &[8], Flags::FROM_CACHE));
         assert_eq!(engine.rtt().smoothed(), None);
         let stats = engine.take_outcome().unwrap().unwrap();
-        assert_eq!((stats.from_cache, stats.packets_sent), (1, 5));
+        assert_eq!((stats.from_cache, stats.packets_sent), (1, 6));
     }
 
     #[test]
@@ -1033,9 +1527,7 @@ mod tests {
 
         let t0 = Instant::now();
         let mut data = [1, 2];
-        let mut engine = Allreduce::new(member(0, 1, 1, 2), config, 0, &mut data, t0)
-            .unwrap()
-            .with_rtt(RttEstimator::new());
+        let mut engine = start(member(0, 1, 1, 2), config, 0, &mut data, t0);
         let (r0, _, _) = sent(&mut engine, t0).unwrap();
         engine.handle_packet(t0 + 4 * MS, &result(&r0, &[1], 0));
         assert_eq!(engine.rtt().smoothed(), Some(4 * MS));
@@ -1053,7 +1545,7 @@ mod tests {
         };
         let t0 = Instant::now();
         let mut data = vec![0; 40];
-        let mut engine = Allreduce::new(member(2, 3, 1, 20), config, 100, &mut data, t0).unwrap();
+        let mut engine = start(member(2, 3, 1, 20), config, 100, &mut data, t0);
         let first: Vec<_> = std::iter::from_fn(|| sent(&mut engine, t0)).collect();
         assert_eq!(first.len(), 20);
 
@@ -1092,7 +1584,7 @@ mod tests {
         };
         assert_eq!(
             (*job, *rank, *waited, *completed, *total),
-            (9, 2, 1000 * MS, 1, 40)
+            (9, 2, 1000 * MS, 9, 48)
         );
         // Chunk 0 done let chunk 20 (seq 120) go.
         let mut expected: Vec<u32> = (101..120).collect();
@@ -1101,7 +1593,7 @@ mod tests {
         assert_eq!(outstanding.first, expected[..SeqList::SHOWN]);
         assert_eq!(
             error.to_string(),
-            "job 9, rank 2: no new result for 1s (1 of 40 chunks completed); 20 chunk(s) \
+            "job 9, rank 2: no new result for 1s (9 of 48 chunks completed); 20 chunk(s) \
              outstanding: seq 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, \
              113, 114, 115, 116 and 4 more"
         );
@@ -1116,8 +1608,7 @@ mod tests {
     fn anything_but_an_awaited_result_is_ignored_and_duplicates_are_counted() {
         let t0 = Instant::now();
         let mut data = [1, 2, 3, 4, 5, 6];
-        let mut engine =
-            Allreduce::new(member(0, 2, 4, 1), Config::default(), 0, &mut data, t0).unwrap();
+        let mut engine = start(member(0, 2, 4, 1), Config::default(), 0, &mut data, t0);
         let (r0, _, contribution) = sent(&mut engine, t0).unwrap();
         let good = result(&r0, &[2, 4, 6, 8], 0);
 
@@ -1141,7 +1632,7 @@ mod tests {
             &result(&Repr { seq: 1, ..r0 }, &[2, 4], 0),
             &result(
                 &Repr {
-                    seq: u32::MAX,
+                    seq: u32::MAX - 5,
                     ..r0
                 },
                 &[2, 4, 6, 8],
@@ -1163,7 +1654,7 @@ mod tests {
         let stats = engine.take_outcome().unwrap().unwrap();
         assert_eq!(
             (stats.duplicates, stats.ignored, stats.packets_received),
-            (2, 10, 14)
+            (2, 10, 16)
         );
         drop(engine);
         assert_eq!(data, [2, 4, 6, 8, 10, 12]);
@@ -1173,8 +1664,7 @@ mod tests {
     fn an_overflowed_result_fails_the_call_once_every_chunk_is_in() {
         let t0 = Instant::now();
         let mut data = vec![0; 10];
-        let mut engine =
-            Allreduce::new(member(0, 2, 4, 4), Config::default(), 7, &mut data, t0).unwrap();
+        let mut engine = start(member(0, 2, 4, 4), Config::default(), 7, &mut data, t0);
         let sent: Vec<_> = std::iter::from_fn(|| sent(&mut engine, t0)).collect();
         assert_eq!(sent.len(), 3);
         engine.handle_packet(t0, &result(&sent[2].0, &[i32::MAX, 0], Flags::OVERFLOW));
@@ -1201,22 +1691,143 @@ mod tests {
         );
         assert_eq!(
             error.to_string(),
-            "job 9, rank 0: int32 sum overflowed in chunk seq 8 (elements 4..8); \
+            "job 9, rank 0: sum overflowed in chunk seq 8 (elements 4..8); \
              2 chunk(s) overflowed in this call"
         );
     }
 
     #[test]
-    fn an_empty_buffer_completes_at_once() {
+    fn an_empty_buffer_is_just_the_call_check() {
         let t0 = Instant::now();
-        let mut engine =
-            Allreduce::new(member(0, 4, 256, 8), Config::default(), 42, &mut [], t0).unwrap();
-        assert!(engine.is_done());
-        assert!(engine.poll_timeout().is_none());
+        let mut engine = Engine::<i32>::new(
+            member(0, 4, 256, 8),
+            Config::default(),
+            Collective::Allreduce,
+            42,
+            &mut [],
+            t0,
+        )
+        .unwrap();
+        assert_eq!((engine.chunks(), engine.next_chunk()), (1, 43));
+        let (check, values, _) = sent(&mut engine, t0).expect("the check");
+        assert_eq!((check.seq, check.count), (42, 8));
+        assert_eq!(values, [1, 0, 0, 0, 1, 0, 0, 0], "allreduce of 0 elements");
         assert!(sent(&mut engine, t0).is_none());
-        assert_eq!(engine.next_chunk(), 42);
+        engine.handle_packet(t0 + MS, &result(&check, &[4, 0, 0, 0, 4, 0, 0, 0], 0));
         let stats = engine.take_outcome().unwrap().unwrap();
-        assert_eq!(stats, Stats::default());
+        assert_eq!((stats.chunks, stats.packets_sent), (1, 1));
+    }
+
+    #[test]
+    fn a_call_check_that_disagrees_fails_the_call_naming_it() {
+        let t0 = Instant::now();
+        let mut data = vec![5; 5000];
+        let mut engine = Engine::new(
+            member(1, 2, 8, 4),
+            Config::default(),
+            Collective::Allreduce,
+            0,
+            &mut data,
+            t0,
+        )
+        .unwrap();
+        let (check, values, _) = sent(&mut engine, t0).unwrap();
+        // 5000 = 904 + 1 × 4096: code 1, digits 904, 1, 0.
+        assert_eq!(values, [1, 904, 1, 0, 1, 904 * 904, 1, 0]);
+        // The other rank called with 5001 elements.
+        let sums = [2, 1809, 2, 0, 2, 904 * 904 + 905 * 905, 2, 0];
+        engine.handle_packet(t0 + MS, &result(&check, &sums, 0));
+        let error = engine.take_outcome().unwrap().expect_err("mismatch");
+        assert_eq!(
+            error.to_string(),
+            "job 9, rank 1: the ranks did not all make the same call (this rank: allreduce of \
+             5000 elements); the job's chunk numbering is now out of step, reinstall it"
+        );
+        assert!(sent(&mut engine, t0 + MS).is_none(), "nothing more is sent");
+    }
+
+    #[test]
+    fn reduce_modes_root_each_chunk_and_take_notices_for_the_others() {
+        let t0 = Instant::now();
+        let rs = Member {
+            mode: Mode::ReduceScatter,
+            ..member(1, 2, 2, 16)
+        };
+        let mut data = [1, 2, 3, 4, 5, 6];
+        let mut engine = Engine::new(
+            rs,
+            Config::default(),
+            Collective::ReduceScatter,
+            0,
+            &mut data,
+            t0,
+        )
+        .unwrap();
+        // Two checks (one per root, 4 chunks each) and parts of 3 elements
+        // (2 chunks each).
+        assert_eq!(engine.chunks(), 8 + 4);
+        let all: Vec<_> = std::iter::from_fn(|| sent(&mut engine, t0)).collect();
+        let roots: Vec<u8> = all.iter().map(|(r, _, _)| r.root).collect();
+        assert_eq!(roots, [0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1]);
+        let payloads: Vec<Vec<i32>> = all[8..].iter().map(|(_, v, _)| v.clone()).collect();
+        assert_eq!(payloads, [vec![1, 2], vec![3], vec![4, 5], vec![6]]);
+        for (repr, values, _) in &all {
+            let reply = if repr.root == 1 {
+                let doubled: Vec<i32> = values.iter().map(|v| 2 * v).collect();
+                result(repr, &doubled, 0)
+            } else {
+                // Rank 1 is not the root: a notice; a payload would be ignored.
+                engine.handle_packet(t0, &result(repr, values, 0));
+                result(repr, &[], Flags::NOTICE)
+            };
+            engine.handle_packet(t0 + MS, &reply);
+        }
+        let stats = engine.take_outcome().unwrap().expect("success");
+        assert_eq!(stats.ignored, 6, "the payloads where notices were due");
+        drop(engine);
+        assert_eq!(
+            data,
+            [1, 2, 3, 8, 10, 12],
+            "part 1 reduced, part 0 untouched"
+        );
+    }
+
+    #[test]
+    fn calls_the_job_cannot_carry_are_refused_before_sending() {
+        let t0 = Instant::now();
+        let reduce = Member {
+            mode: Mode::Reduce,
+            ..member(0, 4, 8, 8)
+        };
+        let refuse = |m: Member, c: Collective, len: usize| {
+            Engine::new(m, Config::default(), c, 0, &mut vec![0i32; len], t0)
+                .expect_err("refused")
+                .to_string()
+        };
+        assert_eq!(
+            refuse(reduce, Collective::Allreduce, 4),
+            "job 9 is installed in reduce mode; allreduce needs a job in allreduce mode"
+        );
+        assert_eq!(
+            refuse(reduce, Collective::Reduce { root: 4 }, 4),
+            "job 9: root 4 is not a rank (fan-in 4, ranks 0..4)"
+        );
+        let rs = Member {
+            mode: Mode::ReduceScatter,
+            ..reduce
+        };
+        assert_eq!(
+            refuse(rs, Collective::ReduceScatter, 6),
+            "job 9: reduce-scatter of 6 elements: the length must be a multiple of the fan-in 4"
+        );
+        let i64_job = Member {
+            dtype: DType::I64,
+            ..member(0, 4, 8, 8)
+        };
+        assert_eq!(
+            refuse(i64_job, Collective::Allreduce, 4),
+            "job 9 carries int64 elements; allreduce of int32 is not supported on it"
+        );
     }
 
     #[test]
@@ -1240,14 +1851,14 @@ mod tests {
                     elems_per_packet: 0,
                     ..ok
                 },
-                "job 9: 0 elements per packet is out of range 1..=360",
+                "job 9: 0 elements per packet is out of range 1..=360 for int32",
             ),
             (
                 Member {
                     elems_per_packet: 361,
                     ..ok
                 },
-                "job 9: 361 elements per packet is out of range 1..=360",
+                "job 9: 361 elements per packet is out of range 1..=360 for int32",
             ),
             (
                 Member { slots: 0, ..ok },
@@ -1262,8 +1873,15 @@ mod tests {
             ),
         ];
         for (m, message) in cases {
-            let error = Allreduce::new(m, Config::default(), 0, &mut [1], Instant::now())
-                .expect_err("invalid");
+            let error = Engine::new(
+                m,
+                Config::default(),
+                Collective::Allreduce,
+                0,
+                &mut [1],
+                Instant::now(),
+            )
+            .expect_err("invalid");
             assert_eq!(error.to_string(), message);
         }
         assert!(
@@ -1296,7 +1914,15 @@ mod tests {
             },
         ];
         for config in bad_configs {
-            let error = Allreduce::new(ok, config, 0, &mut [1], Instant::now()).unwrap_err();
+            let error = Engine::new(
+                ok,
+                config,
+                Collective::Allreduce,
+                0,
+                &mut [1],
+                Instant::now(),
+            )
+            .unwrap_err();
             assert!(matches!(error, Error::InvalidConfig { .. }), "{error}");
         }
     }

@@ -6,7 +6,17 @@ use std::net::SocketAddrV4;
 use std::ops::Range;
 use std::time::Duration;
 
-use crate::engine::MAX_WINDOW;
+use xina_proto::DType;
+
+use crate::engine::{MAX_WINDOW, Mode};
+
+/// The name of an element type in messages.
+pub(crate) const fn dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::I32 => "int32",
+        DType::I64 => "int64",
+    }
+}
 
 /// Why a collective could not be started or did not complete.
 ///
@@ -26,10 +36,68 @@ pub enum Error {
 
     /// The elements per packet are outside `1..=MAX_ELEMS`.
     #[error(
-        "job {job}: {elems_per_packet} elements per packet is out of range 1..={}",
-        xina_proto::MAX_ELEMS
+        "job {job}: {elems_per_packet} elements per packet is out of range 1..={} for {}",
+        dtype.max_elems(),
+        dtype_name(*dtype)
     )]
-    InvalidElemsPerPacket { job: u32, elems_per_packet: u16 },
+    InvalidElemsPerPacket {
+        job: u32,
+        elems_per_packet: u16,
+        dtype: DType,
+    },
+
+    /// The call's element type is not the job's.
+    #[error("job {job} carries {} elements; {call} is not supported on it", dtype_name(*job_dtype))]
+    WrongType {
+        job: u32,
+        job_dtype: DType,
+        /// What was called (`"allreduce of int64"`).
+        call: String,
+    },
+
+    /// The collective needs another delivery mode than the job's.
+    #[error(
+        "job {job} is installed in {mode} mode; {collective} needs a job in {} mode",
+        needed.name()
+    )]
+    WrongMode {
+        job: u32,
+        mode: Mode,
+        needed: Mode,
+        collective: &'static str,
+    },
+
+    /// A reduce's root is not a rank of the job.
+    #[error("job {job}: root {root} is not a rank (fan-in {fan_in}, ranks 0..{fan_in})")]
+    RootOutOfRange { job: u32, root: u8, fan_in: u8 },
+
+    /// A reduce-scatter's buffer does not split into `fan_in` equal parts.
+    #[error(
+        "job {job}: reduce-scatter of {len} elements: the length must be a multiple of the \
+         fan-in {fan_in}"
+    )]
+    LengthNotDivisible { job: u32, len: usize, fan_in: u8 },
+
+    /// The call check found that the ranks did not all make the same call
+    /// (collective, root and length). The ranks' chunk numbers are out of
+    /// step from here on: reinstall the job.
+    #[error(
+        "job {job}, rank {rank}: the ranks did not all make the same call (this rank: {collective} \
+         of {len} elements{root}); the job's chunk numbering is now out of step, reinstall it",
+        root = root.map_or(String::new(), |r| format!(" to root {r}"))
+    )]
+    CallMismatch {
+        job: u32,
+        rank: u8,
+        collective: &'static str,
+        root: Option<u8>,
+        len: usize,
+    },
+
+    /// A float input is NaN or infinite on at least one rank (every rank
+    /// fails alike), so no fixed-point scale can carry it.
+    #[error("job {job}, rank {rank}: a float input is NaN or infinite on at least one rank")]
+    NonFinite { job: u32, rank: u8 },
 
     /// The window (the job's number of aggregator slots) is outside
     /// `1..=MAX_WINDOW`.
@@ -59,10 +127,10 @@ pub enum Error {
         outstanding: SeqList,
     },
 
-    /// An int32 sum saturated in the switch: the result would be wrong, so
+    /// An integer sum saturated in the switch: the result would be wrong, so
     /// none is returned. Every rank sees the same overflow.
     #[error(
-        "job {job}, rank {rank}: int32 sum overflowed in chunk seq {seq} \
+        "job {job}, rank {rank}: sum overflowed in chunk seq {seq} \
          (elements {}..{}); {chunks} chunk(s) overflowed in this call",
         elements.start,
         elements.end

@@ -33,7 +33,10 @@ use std::time::{Duration, Instant};
 use xina_proto::header::SLOT_VERSION_BIT;
 use xina_proto::{DType, Flags, Kind, MAX_RANKS, Op, Packet, Repr};
 
-use crate::engine::{Allreduce, Config, MAX_DATAGRAM_LEN, Member, RttEstimator, Stats};
+use crate::call::{Plan, Scalar, StepData, StepOutcome};
+use crate::engine::{
+    Collective, Config, Element, Engine, MAX_DATAGRAM_LEN, Member, Mode, RttEstimator, Stats,
+};
 use crate::error::Error;
 
 /// `SplitMix64`: a small, fast, seedable pseudo-random generator (not for
@@ -147,10 +150,13 @@ pub struct JobConfig {
     pub op: Op,
     /// The element type.
     pub dtype: DType,
+    /// Who gets the results (see [`SwitchModel::copy_for`]).
+    pub mode: Mode,
 }
 
 impl JobConfig {
-    /// An `int32` sum with packets of up to [`DType::max_elems`] elements.
+    /// An `int32` sum allreduce with packets of up to [`DType::max_elems`]
+    /// elements.
     pub const fn sum_i32(fan_in: u8, slots: u32) -> Self {
         Self {
             fan_in,
@@ -158,6 +164,7 @@ impl JobConfig {
             elems_per_packet: DType::I32.max_elems() as u16,
             op: Op::Sum,
             dtype: DType::I32,
+            mode: Mode::Allreduce,
         }
     }
 }
@@ -390,6 +397,32 @@ impl SwitchModel {
             to: Destination::AllMembers,
             datagram: result(&repr, copy, config.dtype, false),
         })
+    }
+}
+
+impl SwitchModel {
+    /// What the egress program makes of result `datagram` for member `rank`:
+    /// the result itself in allreduce mode or for the chunk's root, else a
+    /// notice (the [`Flags::NOTICE`] flag added, the element count 0, the
+    /// payload cut; every other field kept, the overflow flag among them).
+    ///
+    /// # Panics
+    /// If `datagram` is not a result of an installed job.
+    pub fn copy_for(&self, rank: u8, datagram: &[u8]) -> Vec<u8> {
+        let packet = Packet::new_checked(datagram).expect("a result");
+        let repr = Repr::parse(&packet).expect("a result");
+        let mode = self.jobs[&repr.job].config.mode;
+        if mode == Mode::Allreduce || repr.root == rank {
+            return datagram.to_vec();
+        }
+        let notice = Repr {
+            flags: Flags(repr.flags.0 | Flags::NOTICE),
+            count: 0,
+            ..repr
+        };
+        let mut buf = vec![0; notice.buffer_len()];
+        notice.emit(&mut Packet::new_unchecked(&mut buf[..]));
+        buf
     }
 }
 
@@ -639,6 +672,12 @@ pub struct ClusterConfig {
     pub elems_per_packet: u16,
     /// Slots (the window).
     pub slots: u32,
+    /// The job's operation.
+    pub op: Op,
+    /// The job's element type.
+    pub dtype: DType,
+    /// The job's delivery mode.
+    pub mode: Mode,
     /// The engines' timing.
     pub engine: Config,
     /// The faults of every datagram, both directions.
@@ -666,6 +705,9 @@ impl ClusterConfig {
             fan_in,
             elems_per_packet,
             slots,
+            op: Op::Sum,
+            dtype: DType::I32,
+            mode: Mode::Allreduce,
             engine: Config::default(),
             link: LinkConfig::perfect(),
             seed: 0,
@@ -684,6 +726,9 @@ impl ClusterConfig {
             fan_in: self.fan_in,
             elems_per_packet: self.elems_per_packet,
             slots: self.slots,
+            op: self.op,
+            dtype: self.dtype,
+            mode: self.mode,
         }
     }
 }
@@ -748,8 +793,12 @@ impl Cluster {
         switch.add_job_with(
             config.job,
             JobConfig {
+                fan_in: config.fan_in,
+                slots: config.slots,
                 elems_per_packet: config.elems_per_packet,
-                ..JobConfig::sum_i32(config.fan_in, config.slots)
+                op: config.op,
+                dtype: config.dtype,
+                mode: config.mode,
             },
         );
         let ranks = usize::from(config.fan_in);
@@ -798,9 +847,9 @@ impl Cluster {
         self.config.dead = dead;
     }
 
-    /// Runs one sum-allreduce: `inputs[r]` is rank `r`'s buffer and receives
-    /// its result (dead ranks' buffers are left alone). Returns when every
-    /// live rank has an outcome.
+    /// Runs one int32 allreduce: `inputs[r]` is rank `r`'s buffer and
+    /// receives its result (dead ranks' buffers are left alone). Returns when
+    /// every live rank has an outcome.
     ///
     /// # Errors
     /// [`Stalled`] if the call exceeds the time or event limit, or if nothing
@@ -809,20 +858,129 @@ impl Cluster {
     /// # Panics
     /// If `inputs` does not have one buffer per rank.
     pub fn allreduce(&mut self, inputs: &mut [Vec<i32>]) -> Result<Round, Stalled> {
+        self.run(Collective::Allreduce, inputs)
+    }
+
+    /// Runs `collective` over each rank's buffer with one engine per live
+    /// rank, as [`allreduce`](Self::allreduce) does.
+    ///
+    /// # Errors
+    /// As [`allreduce`](Self::allreduce).
+    ///
+    /// # Panics
+    /// If `inputs` does not have one buffer per rank, or the engines refuse
+    /// the call (a wrong type or mode for the job).
+    pub fn run<T: Element>(
+        &mut self,
+        collective: Collective,
+        inputs: &mut [Vec<T>],
+    ) -> Result<Round, Stalled> {
+        let mut slices: Vec<&mut [T]> = inputs.iter_mut().map(Vec::as_mut_slice).collect();
+        let (outcomes, duration) = self.run_engines(collective, false, 0, &mut slices)?;
+        Ok(Round {
+            outcomes: outcomes
+                .into_iter()
+                .map(|o| o.map(|o| o.map(|o| o.stats)))
+                .collect(),
+            duration,
+        })
+    }
+
+    /// Runs `collective` over each rank's buffer of any [`Scalar`] type
+    /// through the same plans as the workers' drivers (several engine runs
+    /// for floats), the ranks' runs side by side.
+    ///
+    /// # Errors
+    /// As [`allreduce`](Self::allreduce).
+    ///
+    /// # Panics
+    /// If `inputs` does not have one buffer per rank, or a plan refuses the
+    /// call.
+    pub fn call<S: Scalar>(
+        &mut self,
+        collective: Collective,
+        inputs: &mut [Vec<S>],
+    ) -> Result<Round, Stalled> {
+        let ranks = usize::from(self.config.fan_in);
+        assert_eq!(inputs.len(), ranks, "one buffer per rank");
+        let start = self.now;
+        let engine_config = self.config.engine;
+        let mut plans: Vec<Option<Box<dyn Plan + '_>>> = inputs
+            .iter_mut()
+            .zip(0u8..)
+            .map(|(data, rank)| {
+                (self.config.dead & (1 << rank) == 0).then(|| {
+                    S::plan(&self.config.member(rank), &engine_config, collective, data)
+                        .expect("a valid call")
+                })
+            })
+            .collect();
+        loop {
+            let mut steps: Vec<_> = plans
+                .iter_mut()
+                .map(|p| p.as_mut().and_then(|p| p.next()))
+                .collect();
+            let Some(first) = steps.iter().flatten().next() else {
+                break;
+            };
+            let (collective, tolerate) = (first.collective, first.tolerate_overflow);
+            // Ranks whose plan is over (failed) sit the step out.
+            let idle = steps
+                .iter()
+                .zip(0..)
+                .filter(|(s, _)| s.is_none())
+                .fold(0u64, |bits, (_, r)| bits | 1 << r);
+            let mut i32s: Vec<&mut [i32]> = Vec::new();
+            let mut i64s: Vec<&mut [i64]> = Vec::new();
+            for step in &mut steps {
+                match step.as_mut().map(|s| &mut s.data) {
+                    Some(StepData::I32(d)) => i32s.push(d),
+                    Some(StepData::I64(d)) => i64s.push(d),
+                    None if self.config.dtype == DType::I32 => i32s.push(&mut []),
+                    None => i64s.push(&mut []),
+                }
+            }
+            let (outcomes, _) = if i64s.is_empty() {
+                self.run_engines(collective, tolerate, idle, &mut i32s)?
+            } else {
+                self.run_engines(collective, tolerate, idle, &mut i64s)?
+            };
+            drop(steps);
+            for (plan, outcome) in plans.iter_mut().zip(outcomes) {
+                if let (Some(plan), Some(outcome)) = (plan, outcome) {
+                    plan.feed(outcome);
+                }
+            }
+        }
+        Ok(Round {
+            outcomes: plans.into_iter().map(|p| p.map(Plan::finish)).collect(),
+            duration: self.now - start,
+        })
+    }
+
+    /// The engines of one step, run to their outcomes.
+    #[allow(clippy::type_complexity)]
+    fn run_engines<T: Element>(
+        &mut self,
+        collective: Collective,
+        tolerate_overflow: bool,
+        idle: u64,
+        inputs: &mut [&mut [T]],
+    ) -> Result<(Vec<Option<Result<StepOutcome, Error>>>, Duration), Stalled> {
         let ranks = usize::from(self.config.fan_in);
         assert_eq!(inputs.len(), ranks, "one buffer per rank");
         let start = self.now;
         let limit = start + self.config.time_limit;
         let live: Vec<bool> = (0..ranks)
-            .map(|r| self.config.dead & (1 << r) == 0)
+            .map(|r| (self.config.dead | idle) & (1 << r) == 0)
             .collect();
         let start_at: Vec<Instant> = (0..ranks)
             .map(|_| start + self.rng.duration_up_to(self.config.start_skew))
             .collect();
-        let mut data: Vec<Option<&mut [i32]>> =
-            inputs.iter_mut().map(|v| Some(v.as_mut_slice())).collect();
-        let mut engines: Vec<Option<Allreduce<'_>>> = (0..ranks).map(|_| None).collect();
-        let mut outcomes: Vec<Option<Result<Stats, Error>>> = (0..ranks).map(|_| None).collect();
+        let mut data: Vec<Option<&mut [T]>> = inputs.iter_mut().map(|v| Some(&mut **v)).collect();
+        let mut engines: Vec<Option<Engine<'_, T>>> = (0..ranks).map(|_| None).collect();
+        let mut outcomes: Vec<Option<Result<StepOutcome, Error>>> =
+            (0..ranks).map(|_| None).collect();
         let mut buf = vec![0; MAX_DATAGRAM_LEN];
         let mut events = 0u64;
 
@@ -847,16 +1005,21 @@ impl Cluster {
                     && start_at[r] <= now
                     && let Some(buffer) = data[r].take()
                 {
-                    let engine = Allreduce::new(
+                    let engine = Engine::new(
                         self.config.member(rank),
                         self.config.engine,
+                        collective,
                         self.next_chunk[r],
                         buffer,
                         now,
                     )
-                    .expect("validated in Cluster::new")
+                    .expect("a call the job supports")
                     .with_rtt(self.rtt[r]);
-                    engines[r] = Some(engine);
+                    engines[r] = Some(if tolerate_overflow {
+                        engine.tolerate_overflow()
+                    } else {
+                        engine
+                    });
                 }
             }
             for engine in engines.iter_mut().flatten() {
@@ -877,19 +1040,13 @@ impl Cluster {
                         let Some(reply) = self.switch.handle(&datagram) else {
                             continue;
                         };
-                        match reply.to {
-                            Destination::AllMembers => {
-                                for rank in 0..self.config.fan_in {
-                                    self.net.send(
-                                        now,
-                                        Endpoint::Rank(rank),
-                                        reply.datagram.clone(),
-                                    );
-                                }
-                            }
-                            Destination::Rank(rank) => {
-                                self.net.send(now, Endpoint::Rank(rank), reply.datagram);
-                            }
+                        let ranks = match reply.to {
+                            Destination::AllMembers => 0..self.config.fan_in,
+                            Destination::Rank(rank) => rank..rank + 1,
+                        };
+                        for rank in ranks {
+                            let copy = self.switch.copy_for(rank, &reply.datagram);
+                            self.net.send(now, Endpoint::Rank(rank), copy);
                         }
                     }
                     Endpoint::Rank(rank) => {
@@ -906,15 +1063,13 @@ impl Cluster {
                 if let Some(outcome) = engine.take_outcome() {
                     self.next_chunk[r] = engine.next_chunk();
                     self.rtt[r] = *engine.rtt();
-                    outcomes[r] = Some(outcome);
+                    let overflowed = engine.overflowed();
+                    outcomes[r] = Some(outcome.map(|stats| StepOutcome { stats, overflowed }));
                     engines[r] = None;
                 }
             }
             if (0..ranks).all(|r| !live[r] || outcomes[r].is_some()) {
-                return Ok(Round {
-                    outcomes,
-                    duration: now - start,
-                });
+                return Ok((outcomes, now - start));
             }
             if arrived {
                 // Answers to what arrived may be sendable at once.
@@ -924,7 +1079,7 @@ impl Cluster {
             let next = engines
                 .iter()
                 .flatten()
-                .filter_map(Allreduce::poll_timeout)
+                .filter_map(Engine::poll_timeout)
                 .chain(self.net.next_arrival())
                 .chain(
                     (0..ranks)

@@ -1,5 +1,5 @@
-//! The blocking UDP driver: a [`Worker`] runs the [`Allreduce`] engine over one
-//! UDP socket.
+//! The blocking UDP driver: a [`Worker`] runs the [`Engine`] over one UDP
+//! socket.
 //!
 //! Each turn of the loop sends every datagram the engine allows (new chunks up
 //! to the window, retransmissions), waits until a datagram arrives or the
@@ -62,8 +62,12 @@ use std::net::{SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use crate::engine::{Allreduce, Config, MAX_DATAGRAM_LEN, Member, RttEstimator, Stats};
+use crate::call::{Scalar, Step, StepData, StepOutcome};
+use crate::engine::{
+    Collective, Config, Element, Engine, MAX_DATAGRAM_LEN, Member, Mode, RttEstimator, Stats,
+};
 use crate::error::Error;
+use xina_proto::{DType, Op};
 
 /// The longest the driver sleeps in one wait, whatever the engine's deadline.
 pub const MAX_WAIT: Duration = Duration::from_millis(100);
@@ -101,6 +105,14 @@ const GSO_CMSG_SPACE: usize = unsafe { libc::CMSG_SPACE(size_of::<GsoSize>() as 
 // SAFETY: `CMSG_LEN` only computes with its argument.
 const GSO_CMSG_LEN: usize = unsafe { libc::CMSG_LEN(size_of::<GsoSize>() as u32) } as usize;
 
+/// The error of a send that found no buffer space for `limit`.
+pub(crate) fn no_buffer_space(limit: Duration) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("no send buffer space for {limit:?}"),
+    )
+}
+
 /// How long one wait for send buffer space lasts.
 const SEND_WAIT: Duration = Duration::from_millis(10);
 
@@ -113,11 +125,18 @@ pub struct JobParams {
     pub rank: u8,
     /// How many ranks contribute to every chunk (1..=64).
     pub fan_in: u8,
-    /// Elements per packet (1..=256); the same on every rank.
+    /// Elements per packet (1 to 360 int32 or 180 int64); the same on every
+    /// rank.
     pub elems_per_packet: u16,
     /// The job's aggregator slots: the window
     /// (1..=[`MAX_WINDOW`](crate::engine::MAX_WINDOW)).
     pub slots: u32,
+    /// The job's operation, as installed on the switch.
+    pub op: Op,
+    /// The job's element type, as installed on the switch.
+    pub dtype: DType,
+    /// The job's delivery mode, as installed on the switch.
+    pub mode: Mode,
     /// The switch's xina address (port [`xina_proto::XINA_UDP_PORT`] on a
     /// real switch).
     pub switch: SocketAddrV4,
@@ -132,49 +151,45 @@ impl JobParams {
             fan_in: self.fan_in,
             elems_per_packet: self.elems_per_packet,
             slots: self.slots,
+            op: self.op,
+            dtype: self.dtype,
+            mode: self.mode,
         }
     }
 }
 
-/// A worker of one job, with its socket: runs collectives over UDP, blocking
-/// the calling thread until each completes or fails.
-///
-/// The worker numbers its chunks continuously across calls (see the
-/// [crate docs](crate#sequence-continuity)): every rank of the job must make
-/// the same calls with the same buffer lengths in the same order.
+/// What a worker keeps from call to call, whatever drives its socket.
 #[derive(Debug)]
-pub struct Worker {
-    params: JobParams,
-    config: Config,
-    socket: Socket,
-    next_chunk: u64,
-    rtt: RttEstimator,
-    tx: TxQueue,
-    rx: RxBatch,
+pub(crate) struct Core {
+    pub(crate) params: JobParams,
+    pub(crate) config: Config,
+    pub(crate) next_chunk: u64,
+    pub(crate) rtt: RttEstimator,
+    pub(crate) tx: TxQueue,
+    pub(crate) rx: RxBatch,
 }
 
-impl Worker {
-    /// Validates the parameters and binds a UDP socket to `bind`
-    /// (port 0 picks a free port).
-    ///
-    /// # Errors
-    /// The errors of [`Member::validate`] and [`Config::validate`],
-    /// [`Error::Bind`], or [`Error::Io`] if the socket cannot be set up.
-    pub fn new(params: JobParams, bind: SocketAddrV4, config: Config) -> Result<Self, Error> {
+impl Core {
+    /// Validates the parameters and binds a non-blocking UDP socket.
+    pub(crate) fn bind(
+        params: JobParams,
+        bind: SocketAddrV4,
+        config: Config,
+    ) -> Result<(Self, Socket), Error> {
         params.member().validate()?;
         config.validate()?;
         let socket = UdpSocket::bind(bind).map_err(|source| Error::Bind { addr: bind, source })?;
-        let io_error = |action| {
-            move |source| Error::Io {
-                job: params.job,
-                rank: params.rank,
-                action,
-                source,
-            }
+        let core = Self {
+            params,
+            config,
+            next_chunk: 0,
+            rtt: RttEstimator::new(),
+            tx: TxQueue::new(),
+            rx: RxBatch::new(),
         };
         socket
             .set_nonblocking(true)
-            .map_err(io_error("making the socket non-blocking"))?;
+            .map_err(|e| core.io_error("making the socket non-blocking", e))?;
         let socket = Socket::new(socket, params.switch);
         log::debug!(
             "job {}, rank {}: worker bound to {:?}, switch {}, UDP GSO {}",
@@ -184,69 +199,40 @@ impl Worker {
             params.switch,
             if socket.gso { "on" } else { "off" }
         );
-        Ok(Self {
-            params,
-            config,
-            socket,
-            next_chunk: 0,
-            rtt: RttEstimator::new(),
-            tx: TxQueue::new(),
-            rx: RxBatch::new(),
-        })
+        Ok((core, socket))
     }
 
-    /// The parameters the worker was created with.
-    pub const fn params(&self) -> &JobParams {
-        &self.params
-    }
-
-    /// The address the worker's socket is bound to (the address the switch
-    /// must know this rank by).
-    ///
-    /// # Errors
-    /// [`Error::Io`] if the socket cannot tell.
-    pub fn local_addr(&self) -> Result<SocketAddrV4, Error> {
-        match self.socket.inner.local_addr() {
-            Ok(SocketAddr::V4(addr)) => Ok(addr),
-            Ok(SocketAddr::V6(_)) => Err(self.io_error(
-                "reading the local address",
-                io::Error::new(io::ErrorKind::Unsupported, "the socket is not IPv4"),
-            )),
-            Err(source) => Err(self.io_error("reading the local address", source)),
-        }
-    }
-
-    /// The chunk number the next collective starts at (its sequence number
-    /// modulo 2^32).
-    pub const fn next_chunk(&self) -> u64 {
-        self.next_chunk
-    }
-
-    /// The round-trip estimate carried from call to call.
-    pub const fn rtt(&self) -> &RttEstimator {
-        &self.rtt
-    }
-
-    /// Sum-allreduces `data` over the job's ranks, in place: on success every
-    /// element holds the sum of that element over all ranks.
-    ///
-    /// The chunk numbering advances past this call whatever its outcome.
-    ///
-    /// # Errors
-    /// [`Error::GaveUp`] when no result arrived for `give_up`,
-    /// [`Error::Overflow`] when a sum saturated, [`Error::Io`] when the socket
-    /// fails. On error the contents of `data` are unspecified.
-    pub fn allreduce_i32(&mut self, data: &mut [i32]) -> Result<Stats, Error> {
-        let mut engine = Allreduce::new(
+    /// The engine of one step, starting where the previous call ended.
+    pub(crate) fn engine<'d, T: Element>(
+        &mut self,
+        collective: Collective,
+        data: &'d mut [T],
+        tolerate_overflow: bool,
+    ) -> Result<Engine<'d, T>, Error> {
+        let engine = Engine::new(
             self.params.member(),
             self.config,
+            collective,
             self.next_chunk,
             data,
             Instant::now(),
         )?
         .with_rtt(self.rtt);
         self.next_chunk = engine.next_chunk();
-        let outcome = self.drive(&mut engine);
+        Ok(if tolerate_overflow {
+            engine.tolerate_overflow()
+        } else {
+            engine
+        })
+    }
+
+    /// Keeps what the next call needs from a finished engine and logs the
+    /// outcome.
+    pub(crate) fn finish<T: Element>(
+        &mut self,
+        engine: &Engine<'_, T>,
+        outcome: Result<Stats, Error>,
+    ) -> Result<StepOutcome, Error> {
         self.rtt = *engine.rtt();
         if !self.tx.is_empty() {
             // Only a failed send leaves datagrams queued; they carry chunks of
@@ -261,29 +247,199 @@ impl Worker {
         }
         match &outcome {
             Ok(stats) => log::debug!(
-                "job {}, rank {}: allreduce: {stats}",
+                "job {}, rank {}: {}: {stats}",
                 self.params.job,
-                self.params.rank
+                self.params.rank,
+                engine.collective().name()
             ),
             Err(error) => log::debug!("{error}; {}", engine.stats()),
         }
-        outcome
+        outcome.map(|stats| StepOutcome {
+            stats,
+            overflowed: engine.overflowed(),
+        })
+    }
+
+    pub(crate) fn io_error(&self, action: &'static str, source: io::Error) -> Error {
+        Error::Io {
+            job: self.params.job,
+            rank: self.params.rank,
+            action,
+            source,
+        }
+    }
+}
+
+/// Runs `$run` (an expression over `$collective`, `$data`, `$tolerate` that
+/// yields the step's `Result<StepOutcome, Error>`, `.await`ed or not) for
+/// every step of `$plan`, then finishes the plan.
+macro_rules! run_plan {
+    ($plan:expr, |$collective:ident, $data:ident, $tolerate:ident| $run:expr) => {{
+        let mut plan = $plan;
+        while let Some(Step {
+            collective: $collective,
+            data,
+            tolerate_overflow: $tolerate,
+        }) = plan.next()
+        {
+            let outcome = match data {
+                StepData::I32($data) => $run,
+                StepData::I64($data) => $run,
+            };
+            plan.feed(outcome);
+        }
+        plan.finish()
+    }};
+}
+pub(crate) use run_plan;
+
+/// A worker of one job, with its socket: runs collectives over UDP, blocking
+/// the calling thread until each completes or fails.
+///
+/// The worker numbers its chunks continuously across calls (see the
+/// [crate docs](crate#sequence-continuity)): every rank of the job must make
+/// the same calls with the same buffer lengths in the same order.
+#[derive(Debug)]
+pub struct Worker {
+    core: Core,
+    socket: Socket,
+}
+
+impl Worker {
+    /// Validates the parameters and binds a UDP socket to `bind`
+    /// (port 0 picks a free port).
+    ///
+    /// # Errors
+    /// The errors of [`Member::validate`] and [`Config::validate`],
+    /// [`Error::Bind`], or [`Error::Io`] if the socket cannot be set up.
+    pub fn new(params: JobParams, bind: SocketAddrV4, config: Config) -> Result<Self, Error> {
+        let (core, socket) = Core::bind(params, bind, config)?;
+        Ok(Self { core, socket })
+    }
+
+    /// The parameters the worker was created with.
+    pub const fn params(&self) -> &JobParams {
+        &self.core.params
+    }
+
+    /// The address the worker's socket is bound to (the address the switch
+    /// must know this rank by).
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the socket cannot tell.
+    pub fn local_addr(&self) -> Result<SocketAddrV4, Error> {
+        self.socket.local_addr(&self.core)
+    }
+
+    /// The chunk number the next collective starts at (its sequence number
+    /// modulo 2^32).
+    pub const fn next_chunk(&self) -> u64 {
+        self.core.next_chunk
+    }
+
+    /// The round-trip estimate carried from call to call.
+    pub const fn rtt(&self) -> &RttEstimator {
+        &self.core.rtt
+    }
+
+    /// Combines `data` over the job's ranks with the job's operation, in
+    /// place: on success every element holds the combination of that element
+    /// over all ranks. Needs a job in allreduce mode.
+    ///
+    /// The chunk numbering advances past this call whatever its outcome.
+    ///
+    /// # Errors
+    /// [`Error::GaveUp`] when no result arrived for `give_up`,
+    /// [`Error::Overflow`] when an integer sum saturated,
+    /// [`Error::CallMismatch`] when the ranks did not make the same call,
+    /// [`Error::Io`] when the socket fails; argument errors (wrong type or
+    /// mode for the job) before anything is sent. On error the contents of
+    /// `data` are unspecified.
+    pub fn allreduce<S: Scalar>(&mut self, data: &mut [S]) -> Result<Stats, Error> {
+        self.call(Collective::Allreduce, data)
+    }
+
+    /// [`allreduce`](Self::allreduce) of int32s.
+    ///
+    /// # Errors
+    /// As [`allreduce`](Self::allreduce).
+    pub fn allreduce_i32(&mut self, data: &mut [i32]) -> Result<Stats, Error> {
+        self.allreduce(data)
+    }
+
+    /// Combines `data` over the job's ranks into rank `root`'s buffer; the
+    /// other ranks' buffers are left as they were. Needs a job in reduce
+    /// mode.
+    ///
+    /// # Errors
+    /// As [`allreduce`](Self::allreduce), and [`Error::RootOutOfRange`].
+    pub fn reduce<S: Scalar>(&mut self, root: u8, data: &mut [S]) -> Result<Stats, Error> {
+        self.call(Collective::Reduce { root }, data)
+    }
+
+    /// Cuts `data` into `fan_in` equal parts and combines part `r` over the
+    /// ranks into rank `r`'s buffer, in place; the other parts are left as
+    /// they were. Needs a job in reduce-scatter mode.
+    ///
+    /// # Errors
+    /// As [`allreduce`](Self::allreduce), and [`Error::LengthNotDivisible`].
+    pub fn reduce_scatter<S: Scalar>(&mut self, data: &mut [S]) -> Result<Stats, Error> {
+        self.call(Collective::ReduceScatter, data)
+    }
+
+    /// Returns once every rank has called it (in any job mode).
+    ///
+    /// # Errors
+    /// As [`allreduce`](Self::allreduce).
+    pub fn barrier(&mut self) -> Result<Stats, Error> {
+        match self.core.params.dtype {
+            DType::I32 => self.call::<i32>(Collective::Barrier, &mut []),
+            DType::I64 => self.call::<i64>(Collective::Barrier, &mut []),
+        }
+    }
+
+    /// Runs `collective` over `data`.
+    ///
+    /// # Errors
+    /// As [`allreduce`](Self::allreduce).
+    pub fn call<S: Scalar>(
+        &mut self,
+        collective: Collective,
+        data: &mut [S],
+    ) -> Result<Stats, Error> {
+        let member = self.core.params.member();
+        let plan = S::plan(&member, &self.core.config, collective, data)?;
+        run_plan!(plan, |collective, data, tolerate| self
+            .run(collective, data, tolerate))
+    }
+
+    /// One engine run.
+    fn run<T: Element>(
+        &mut self,
+        collective: Collective,
+        data: &mut [T],
+        tolerate_overflow: bool,
+    ) -> Result<StepOutcome, Error> {
+        let mut engine = self.core.engine(collective, data, tolerate_overflow)?;
+        let outcome = self.drive(&mut engine);
+        self.core.finish(&engine, outcome)
     }
 
     /// Runs the engine to its outcome.
-    fn drive(&mut self, engine: &mut Allreduce<'_>) -> Result<Stats, Error> {
+    fn drive<T: Element>(&mut self, engine: &mut Engine<'_, T>) -> Result<Stats, Error> {
+        let core = &mut self.core;
         loop {
             // Everything the engine allows goes out, a batch at a time; what
             // the kernel does not take stays queued for the next batch.
             loop {
-                self.tx
+                core.tx
                     .fill(|buf| engine.poll_transmit(Instant::now(), buf));
-                if self.tx.is_empty() {
+                if core.tx.is_empty() {
                     break;
                 }
                 self.socket
-                    .send_batch(&mut self.tx, self.config.give_up)
-                    .map_err(|source| self.io_error("sending to the switch", source))?;
+                    .send_batch(&mut core.tx, core.config.give_up)
+                    .map_err(|source| core.io_error("sending to the switch", source))?;
             }
             if let Some(outcome) = engine.take_outcome() {
                 return outcome;
@@ -295,24 +451,11 @@ impl Worker {
             if !wait.is_zero() {
                 self.socket
                     .wait(libc::POLLIN, wait)
-                    .map_err(|source| self.io_error("waiting for results", source))?;
+                    .map_err(|source| core.io_error("waiting for results", source))?;
             }
-            let mut received = 0;
-            while received < RECV_BURST {
-                let count = self
-                    .socket
-                    .recv_batch(&mut self.rx)
-                    .map_err(|source| self.io_error("receiving from the switch", source))?;
-                let now = Instant::now();
-                for datagram in self.rx.datagrams(count) {
-                    engine.handle_packet(now, datagram);
-                }
-                received += count;
-                if count < BATCH {
-                    // The socket is drained.
-                    break;
-                }
-            }
+            self.socket
+                .receive_into(engine, &mut core.rx)
+                .map_err(|source| core.io_error("receiving from the switch", source))?;
 
             let now = Instant::now();
             if engine.poll_timeout().is_some_and(|t| t <= now) {
@@ -320,20 +463,11 @@ impl Worker {
             }
         }
     }
-
-    fn io_error(&self, action: &'static str, source: io::Error) -> Error {
-        Error::Io {
-            job: self.params.job,
-            rank: self.params.rank,
-            action,
-            source,
-        }
-    }
 }
 
 /// Datagrams written by the engine and not yet taken by the kernel, oldest
 /// first: a ring of [`BATCH`] buffers of [`MAX_DATAGRAM_LEN`] bytes.
-struct TxQueue {
+pub(crate) struct TxQueue {
     bytes: Box<[u8]>,
     /// The length of the datagram in each buffer.
     lens: [usize; BATCH],
@@ -353,18 +487,18 @@ impl TxQueue {
         }
     }
 
-    const fn len(&self) -> usize {
+    pub(crate) const fn len(&self) -> usize {
         self.len
     }
 
-    const fn is_empty(&self) -> bool {
+    pub(crate) const fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Queues datagrams behind those already queued, until the queue is full
     /// or `write` (which writes one datagram into the buffer it is given and
     /// returns its length) has nothing more.
-    fn fill(&mut self, mut write: impl FnMut(&mut [u8]) -> Option<usize>) {
+    pub(crate) fn fill(&mut self, mut write: impl FnMut(&mut [u8]) -> Option<usize>) {
         while self.len < BATCH {
             let slot = (self.head + self.len) % BATCH;
             let buf = &mut self.bytes[slot * MAX_DATAGRAM_LEN..][..MAX_DATAGRAM_LEN];
@@ -408,7 +542,7 @@ impl TxQueue {
         self.len -= n;
     }
 
-    const fn clear(&mut self) {
+    pub(crate) const fn clear(&mut self) {
         self.head = 0;
         self.len = 0;
     }
@@ -428,7 +562,7 @@ impl std::fmt::Debug for TxQueue {
 /// No datagram the engine accepts is longer, and the engine reads only the
 /// header and the payload the header announces, so a longer datagram cut to
 /// this size gets the same verdict as it would whole.
-struct RxBatch {
+pub(crate) struct RxBatch {
     bytes: Box<[u8]>,
     /// The length of the datagram read into each buffer.
     lens: [usize; BATCH],
@@ -467,11 +601,17 @@ const _: () = assert!(align_of::<libc::cmsghdr>() <= align_of::<GsoControl>());
 
 /// The worker's UDP socket, up to [`BATCH`] datagrams per system call.
 #[derive(Debug)]
-struct Socket {
+pub(crate) struct Socket {
     inner: UdpSocket,
     switch: SocketAddrV4,
     /// Whether runs of equal datagrams go out as one segmented (GSO) send.
     gso: bool,
+}
+
+impl AsRawFd for Socket {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.inner.as_raw_fd()
+    }
 }
 
 impl Socket {
@@ -549,21 +689,28 @@ impl Socket {
     fn send_batch(&mut self, queue: &mut TxQueue, limit: Duration) -> io::Result<()> {
         let started = Instant::now();
         loop {
+            match self.try_send_batch(queue) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if started.elapsed() >= limit {
+                        return Err(no_buffer_space(limit));
+                    }
+                    self.wait(libc::POLLOUT, SEND_WAIT)?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// [`send_batch`](Self::send_batch) without waiting: `WouldBlock` when
+    /// the kernel takes nothing.
+    pub(crate) fn try_send_batch(&mut self, queue: &mut TxQueue) -> io::Result<()> {
+        loop {
             match self.sendmmsg(queue) {
                 Ok(sent) => {
                     queue.consume(sent);
                     return Ok(());
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if started.elapsed() >= limit {
-                        return Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            format!("no send buffer space for {limit:?}"),
-                        ));
-                    }
-                    self.wait(libc::POLLOUT, SEND_WAIT)?;
-                }
                 Err(e)
                     if e.kind() == io::ErrorKind::ConnectionRefused
                         || e.raw_os_error() == Some(libc::ENOBUFS) =>
@@ -676,6 +823,41 @@ impl Socket {
         match usize::try_from(rc) {
             Ok(sent) => Ok(sizes[..sent.min(messages)].iter().sum()),
             Err(_) => Err(io::Error::last_os_error()),
+        }
+    }
+
+    /// Gives the engine what has arrived: batches until the socket is drained
+    /// or [`RECV_BURST`] datagrams were read.
+    pub(crate) fn receive_into<T: Element>(
+        &self,
+        engine: &mut Engine<'_, T>,
+        rx: &mut RxBatch,
+    ) -> io::Result<usize> {
+        let mut received = 0;
+        while received < RECV_BURST {
+            let count = self.recv_batch(rx)?;
+            let now = Instant::now();
+            for datagram in rx.datagrams(count) {
+                engine.handle_packet(now, datagram);
+            }
+            received += count;
+            if count < BATCH {
+                // The socket is drained.
+                break;
+            }
+        }
+        Ok(received)
+    }
+
+    /// The address the socket is bound to.
+    pub(crate) fn local_addr(&self, core: &Core) -> Result<SocketAddrV4, Error> {
+        match self.inner.local_addr() {
+            Ok(SocketAddr::V4(addr)) => Ok(addr),
+            Ok(SocketAddr::V6(_)) => Err(core.io_error(
+                "reading the local address",
+                io::Error::new(io::ErrorKind::Unsupported, "the socket is not IPv4"),
+            )),
+            Err(source) => Err(core.io_error("reading the local address", source)),
         }
     }
 

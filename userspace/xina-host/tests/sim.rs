@@ -37,6 +37,12 @@ fn sums(inputs: &[Vec<i32>]) -> Vec<i32> {
     sum
 }
 
+/// The chunks of a call of `len` elements, `e` per packet: the call check's
+/// 8 numbers and the data.
+fn chunks_of(len: usize, e: usize) -> u64 {
+    (8usize.div_ceil(e) + len.div_ceil(e)) as u64
+}
+
 /// Runs one allreduce and checks that every rank got the exact sums.
 fn allreduce_exact(cluster: &mut Cluster, fan_in: u8, len: usize, seed: u64) -> Vec<Stats> {
     let mut buffers = inputs(fan_in, len, seed);
@@ -87,13 +93,13 @@ fn every_rank_gets_the_exact_sum_under_loss_duplication_and_reordering() {
                             allreduce_exact(&mut cluster, 3, len, seed)
                         }))
                         .unwrap_or_else(|_| panic!("failed with {context}"));
-                        let chunks = len.div_ceil(e);
-                        assert_eq!(cluster.next_chunk(0), chunks as u64, "{context}");
+                        let chunks = chunks_of(len, e);
+                        assert_eq!(cluster.next_chunk(0), chunks, "{context}");
                         if loss == 0.0 && duplicate == 0.0 && reorder == 0.0 {
                             for s in &stats {
                                 assert_eq!(
                                     (s.retransmissions, s.duplicates, s.packets_sent),
-                                    (0, 0, chunks as u64),
+                                    (0, 0, chunks),
                                     "no spurious retransmission on a perfect network: {context}"
                                 );
                             }
@@ -144,7 +150,7 @@ fn chunk_numbers_continue_across_calls() {
     let mut chunks = 0;
     for (call, len) in [23, 0, 1, 100, 5, 64].into_iter().enumerate() {
         allreduce_exact(&mut cluster, 4, len, call as u64);
-        chunks += len.div_ceil(5) as u64;
+        chunks += chunks_of(len, 5);
         for rank in 0..4 {
             assert_eq!(cluster.next_chunk(rank), chunks);
         }
@@ -189,7 +195,7 @@ fn sequence_numbers_wrap_around_2_to_the_32() {
             }
             allreduce_exact(&mut cluster, 3, 2 * 10, seed);
             allreduce_exact(&mut cluster, 3, 2 * 10 + 1, seed + 1);
-            assert_eq!(cluster.next_chunk(0), start + 21);
+            assert_eq!(cluster.next_chunk(0), start + 4 + 10 + 4 + 11);
         }
     }
 }
@@ -228,7 +234,9 @@ fn a_dead_peer_makes_every_other_rank_give_up_naming_the_outstanding_seqs() {
             );
             assert!(round.outcomes[2].is_none());
             assert_eq!(buffers[2], before[2], "the dead rank's buffer is untouched");
-            let in_flight = (slots as usize).min(30);
+            // The 2 check chunks and 30 data chunks, as far as the window
+            // lets them go.
+            let in_flight = (slots as usize).min(32);
             let expected: Vec<u32> = (0..in_flight.min(16) as u32).collect();
             for rank in [0, 1, 3] {
                 assert_eq!(gave_up(&round, rank), (0, expected.clone(), in_flight));
@@ -258,7 +266,8 @@ fn a_peer_that_dies_between_calls_is_reported_at_the_next_seqs() {
         .allreduce(&mut buffers)
         .unwrap_or_else(|e| panic!("{e}"));
     for rank in [0, 2] {
-        assert_eq!(gave_up(&round, rank), (0, vec![25, 26, 27, 28], 4));
+        // The first call took seqs 0..27 (2 check chunks, 25 data chunks).
+        assert_eq!(gave_up(&round, rank), (0, vec![27, 28, 29, 30], 4));
     }
 }
 
@@ -268,11 +277,12 @@ fn saturated_sums_fail_with_the_overflow_error_on_every_rank() {
     config.link = LinkConfig::lossy(0.05, 0.05, 0.2);
     config.seed = 3;
     let mut cluster = Cluster::new(config);
-    allreduce_exact(&mut cluster, 2, 8, 0); // chunks 0 and 1
+    allreduce_exact(&mut cluster, 2, 8, 0); // seqs 0..4: the check, 2 chunks
 
     let mut buffers = vec![vec![1; 13], vec![1; 13]];
-    buffers[0][5] = i32::MAX; // chunk 3 (elements 4..8)
-    buffers[0][11] = i32::MIN; // chunk 4 (elements 8..12)
+    // Seqs 4 and 5 carry the check.
+    buffers[0][5] = i32::MAX; // seq 7 (elements 4..8)
+    buffers[0][11] = i32::MIN; // seq 8 (elements 8..12)
     buffers[1][11] = -1;
     let round = cluster
         .allreduce(&mut buffers)
@@ -281,7 +291,7 @@ fn saturated_sums_fail_with_the_overflow_error_on_every_rank() {
         match outcome {
             Some(Err(Error::Overflow {
                 job: 1,
-                seq: 3,
+                seq: 7,
                 elements,
                 chunks: 2,
                 ..
@@ -290,8 +300,8 @@ fn saturated_sums_fail_with_the_overflow_error_on_every_rank() {
         }
     }
     // Everyone completed every chunk, so the numbering is still in step.
-    assert_eq!(cluster.next_chunk(0), 6);
-    assert_eq!(cluster.next_chunk(1), 6);
+    assert_eq!(cluster.next_chunk(0), 10);
+    assert_eq!(cluster.next_chunk(1), 10);
     allreduce_exact(&mut cluster, 2, 9, 4);
 }
 
@@ -676,7 +686,7 @@ proptest! {
         let mut cluster = Cluster::new(config);
         allreduce_exact(&mut cluster, fan_in, len, seed);
         allreduce_exact(&mut cluster, fan_in, len / 3, seed ^ 1);
-        let chunks = (len.div_ceil(usize::from(elems)) + (len / 3).div_ceil(usize::from(elems))) as u64;
+        let chunks = chunks_of(len, usize::from(elems)) + chunks_of(len / 3, usize::from(elems));
         prop_assert_eq!(cluster.next_chunk(0), chunks);
     }
 }

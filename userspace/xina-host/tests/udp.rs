@@ -11,6 +11,7 @@
 //! when dropped or after two minutes, and results are collected with a
 //! timeout, so a bug fails the test instead of hanging it.
 
+use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +20,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use xina_host::sim::{Destination, SplitMix64, SwitchModel, SwitchStats};
-use xina_host::{Config, Error, JobParams, Stats, Worker};
+use xina_host::{AsyncWorker, Config, Error, JobParams, Mode, Stats, Worker};
+use xina_proto::{DType, Op};
 
 const JOB: u32 = 3;
 const HANG_GUARD: Duration = Duration::from_secs(90);
@@ -119,6 +121,9 @@ fn params(
         fan_in,
         elems_per_packet,
         slots,
+        op: Op::Sum,
+        dtype: DType::I32,
+        mode: Mode::Allreduce,
         switch,
     }
 }
@@ -208,7 +213,8 @@ fn check_exact(results: &[Vec<CallResult>], fan_in: u8, lens: &[usize]) -> Vec<S
                 .as_ref()
                 .unwrap_or_else(|e| panic!("call {call}, rank {rank}: {e}"));
             assert!(*got == want, "call {call}, rank {rank}: wrong sums");
-            assert_eq!(s.chunks, len.div_ceil(256) as u64, "both tests use E = 256");
+            // The call check and the data, E = 256.
+            assert_eq!(s.chunks, 1 + len.div_ceil(256) as u64);
             stats.push(*s);
         }
     }
@@ -228,8 +234,8 @@ fn three_workers_reduce_100_000_elements_exactly_over_loopback() {
         );
     }
     let switch = switch.stop();
-    // 391 + 131 + 0 + 1 chunks, each completed once.
-    assert_eq!(switch.completed, 523);
+    // 391 + 131 + 0 + 1 data chunks and 4 checks, each completed once.
+    assert_eq!(switch.completed, 527);
 }
 
 #[test]
@@ -243,7 +249,7 @@ fn a_window_wider_than_a_send_batch_reduces_exactly() {
     let results = run(workers, &lens);
     let stats = check_exact(&results, 2, &lens);
     let switch = switch.stop();
-    assert_eq!(switch.completed, 782 + 304);
+    assert_eq!(switch.completed, 782 + 304 + 2);
     println!("{stats:?}; {switch:?}");
 }
 
@@ -261,7 +267,7 @@ fn a_lossy_switch_is_recovered_from() {
     let from_cache: u64 = stats.iter().map(|s| s.from_cache).sum();
     assert!(retransmissions > 0, "3% loss must cost retransmissions");
     let switch = switch.stop();
-    assert_eq!(switch.completed, 79 + 20);
+    assert_eq!(switch.completed, 79 + 20 + 2);
     println!("{retransmissions} retransmissions, {from_cache} results from cache; {switch:?}");
 }
 
@@ -285,7 +291,8 @@ fn without_a_switch_the_worker_gives_up_naming_the_outstanding_seqs() {
     let [calls] = &results[..] else {
         unreachable!()
     };
-    for (call, first_seq, chunks) in [(0, 0, 10), (1, 10, 1)] {
+    // The check and 10 data chunks, the check and 1.
+    for (call, first_seq, chunks) in [(0, 0, 11), (1, 11, 2)] {
         match &calls[call] {
             Err(Error::GaveUp {
                 job: JOB,
@@ -336,4 +343,79 @@ fn invalid_parameters_and_addresses_are_rejected() {
         error.to_string(),
         "cannot bind the xina worker socket to 192.0.2.1:0"
     );
+}
+
+#[test]
+fn the_async_worker_reduces_floats_and_integers_like_the_blocking_one() {
+    let (workers, switch) = setup(3, 256, 16, Config::default(), 0.01);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let params: Vec<JobParams> = workers.iter().map(|w| *w.params()).collect();
+    let addrs: Vec<SocketAddrV4> = workers.iter().map(|w| w.local_addr().unwrap()).collect();
+    // The switch knows the members by these addresses: rebind them async.
+    drop(workers);
+    let floats = |rank: u8| -> Vec<f32> {
+        let mut rng = SplitMix64::new(u64::from(rank) + 99);
+        (0..10_000)
+            .map(|_| (rng.next_f64() * 2.0 - 1.0) as f32)
+            .collect()
+    };
+    let outcomes = runtime.block_on(async {
+        let mut tasks = Vec::new();
+        for (p, addr) in params.into_iter().zip(addrs) {
+            tasks.push(async move {
+                let mut worker = AsyncWorker::new(p, addr, Config::default())?;
+                let mut ints = data(p.rank, 5_000, 0);
+                worker.allreduce(&mut ints).await?;
+                let mut values = floats(p.rank);
+                let stats = worker.allreduce(&mut values).await?;
+                worker.barrier().await?;
+                Ok::<_, Error>((ints, values, stats))
+            });
+        }
+        tokio::time::timeout(HANG_GUARD, futures_join_all(tasks)).await
+    });
+    let outcomes = outcomes.expect("the async workers return");
+    let exact: Vec<f64> = (0..10_000)
+        .map(|i| (0..3).map(|r| f64::from(floats(r)[i])).sum())
+        .collect();
+    let bound = xina_host::float::sum_error_bound(1.0, 3);
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let (ints, values, stats) = outcome.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert_eq!(ints, expected(3, 5_000, 0), "rank {rank}");
+        for (got, want) in values.iter().zip(&exact) {
+            let err = (f64::from(*got) - want).abs();
+            assert!(
+                err <= bound + want.abs() * f64::from(f32::EPSILON),
+                "rank {rank}: {got} vs {want}"
+            );
+        }
+        assert_eq!(stats.rescaled, 0, "the safe scale never overflows");
+    }
+    switch.stop();
+}
+
+/// Runs the futures concurrently on the current task and returns their
+/// outputs in order.
+async fn futures_join_all<F>(futures: Vec<F>) -> Vec<F::Output>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    let mut handles = Vec::new();
+    let local = tokio::task::LocalSet::new();
+    local
+        .run_until(async {
+            for f in futures {
+                handles.push(tokio::task::spawn_local(f));
+            }
+            let mut out = Vec::new();
+            for h in handles {
+                out.push(h.await.expect("the task ran"));
+            }
+            out
+        })
+        .await
 }

@@ -1,0 +1,196 @@
+//! The tokio driver: an [`AsyncWorker`] runs the same [`Engine`] and the same
+//! plans as the blocking [`Worker`](crate::Worker), over the same batched
+//! socket, but waits by awaiting readiness and deadlines instead of blocking
+//! a thread.
+//!
+//! It needs a tokio runtime with I/O and time enabled (`enable_io`,
+//! `enable_time`, as `#[tokio::main]` gives). One call at a time per worker:
+//! the methods take `&mut self`.
+
+use std::io;
+use std::net::SocketAddrV4;
+use std::time::Instant;
+
+use tokio::io::unix::AsyncFd;
+use xina_proto::DType;
+
+use crate::call::{Scalar, Step, StepData, StepOutcome};
+use crate::engine::{Collective, Config, Element, Engine, RttEstimator, Stats};
+use crate::error::Error;
+use crate::udp::{Core, JobParams, MAX_WAIT, Socket, no_buffer_space, run_plan};
+
+/// A worker of one job driven by tokio; see [`Worker`](crate::Worker) for
+/// the meaning of every call, which is the same here.
+#[derive(Debug)]
+pub struct AsyncWorker {
+    core: Core,
+    socket: AsyncFd<Socket>,
+}
+
+impl AsyncWorker {
+    /// Validates the parameters and binds a UDP socket to `bind`, registered
+    /// with the current tokio runtime.
+    ///
+    /// # Errors
+    /// As [`Worker::new`](crate::Worker::new); [`Error::Io`] if there is no
+    /// runtime with I/O enabled.
+    pub fn new(params: JobParams, bind: SocketAddrV4, config: Config) -> Result<Self, Error> {
+        let (core, socket) = Core::bind(params, bind, config)?;
+        // SAFETY: `Socket` owns its `UdpSocket`, whose descriptor stays open
+        // and unchanged until the socket is dropped, with the `AsyncFd`.
+        let socket = unsafe { AsyncFd::register(socket) }
+            .map_err(|e| core.io_error("registering the socket with tokio", e.into()))?;
+        Ok(Self { core, socket })
+    }
+
+    /// The parameters the worker was created with.
+    pub const fn params(&self) -> &JobParams {
+        &self.core.params
+    }
+
+    /// The address the worker's socket is bound to.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the socket cannot tell.
+    pub fn local_addr(&self) -> Result<SocketAddrV4, Error> {
+        self.socket.get_ref().local_addr(&self.core)
+    }
+
+    /// The chunk number the next collective starts at.
+    pub const fn next_chunk(&self) -> u64 {
+        self.core.next_chunk
+    }
+
+    /// The round-trip estimate carried from call to call.
+    pub const fn rtt(&self) -> &RttEstimator {
+        &self.core.rtt
+    }
+
+    /// See [`Worker::allreduce`](crate::Worker::allreduce).
+    ///
+    /// # Errors
+    /// As there.
+    pub async fn allreduce<S: Scalar>(&mut self, data: &mut [S]) -> Result<Stats, Error> {
+        self.call(Collective::Allreduce, data).await
+    }
+
+    /// See [`Worker::reduce`](crate::Worker::reduce).
+    ///
+    /// # Errors
+    /// As there.
+    pub async fn reduce<S: Scalar>(&mut self, root: u8, data: &mut [S]) -> Result<Stats, Error> {
+        self.call(Collective::Reduce { root }, data).await
+    }
+
+    /// See [`Worker::reduce_scatter`](crate::Worker::reduce_scatter).
+    ///
+    /// # Errors
+    /// As there.
+    pub async fn reduce_scatter<S: Scalar>(&mut self, data: &mut [S]) -> Result<Stats, Error> {
+        self.call(Collective::ReduceScatter, data).await
+    }
+
+    /// See [`Worker::barrier`](crate::Worker::barrier).
+    ///
+    /// # Errors
+    /// As there.
+    pub async fn barrier(&mut self) -> Result<Stats, Error> {
+        match self.core.params.dtype {
+            DType::I32 => self.call::<i32>(Collective::Barrier, &mut []).await,
+            DType::I64 => self.call::<i64>(Collective::Barrier, &mut []).await,
+        }
+    }
+
+    /// See [`Worker::call`](crate::Worker::call).
+    ///
+    /// # Errors
+    /// As there.
+    pub async fn call<S: Scalar>(
+        &mut self,
+        collective: Collective,
+        data: &mut [S],
+    ) -> Result<Stats, Error> {
+        let member = self.core.params.member();
+        let plan = S::plan(&member, &self.core.config, collective, data)?;
+        run_plan!(plan, |collective, data, tolerate| self
+            .run(collective, data, tolerate)
+            .await)
+    }
+
+    async fn run<T: Element>(
+        &mut self,
+        collective: Collective,
+        data: &mut [T],
+        tolerate_overflow: bool,
+    ) -> Result<StepOutcome, Error> {
+        let mut engine = self.core.engine(collective, data, tolerate_overflow)?;
+        let outcome = self.drive(&mut engine).await;
+        self.core.finish(&engine, outcome)
+    }
+
+    async fn drive<T: Element>(&mut self, engine: &mut Engine<'_, T>) -> Result<Stats, Error> {
+        let core = &mut self.core;
+        let socket = &mut self.socket;
+        loop {
+            let send_started = Instant::now();
+            loop {
+                core.tx
+                    .fill(|buf| engine.poll_transmit(Instant::now(), buf));
+                if core.tx.is_empty() {
+                    break;
+                }
+                let limit = core.config.give_up;
+                let sent =
+                    tokio::time::timeout(limit.saturating_sub(send_started.elapsed()), async {
+                        loop {
+                            let mut guard = socket.writable_mut().await?;
+                            match guard.try_io(|s| s.get_mut().try_send_batch(&mut core.tx)) {
+                                Ok(result) => return result,
+                                Err(_would_block) => {}
+                            }
+                        }
+                    })
+                    .await;
+                match sent {
+                    Ok(result) => {
+                        result.map_err(|source| core.io_error("sending to the switch", source))?;
+                    }
+                    Err(_elapsed) => {
+                        return Err(core.io_error("sending to the switch", no_buffer_space(limit)));
+                    }
+                }
+            }
+            if let Some(outcome) = engine.take_outcome() {
+                return outcome;
+            }
+
+            let now = Instant::now();
+            let deadline = engine.poll_timeout().unwrap_or(now).min(now + MAX_WAIT);
+            let received = tokio::time::timeout_at(deadline.into(), async {
+                loop {
+                    let mut guard = socket.readable_mut().await?;
+                    match guard.try_io(|s| {
+                        let n = s.get_ref().receive_into(engine, &mut core.rx)?;
+                        if n == 0 {
+                            Err(io::ErrorKind::WouldBlock.into())
+                        } else {
+                            Ok(n)
+                        }
+                    }) {
+                        Ok(result) => return result,
+                        Err(_would_block) => {}
+                    }
+                }
+            })
+            .await;
+            if let Ok(result) = received {
+                result.map_err(|source| core.io_error("receiving from the switch", source))?;
+            }
+
+            let now = Instant::now();
+            if engine.poll_timeout().is_some_and(|t| t <= now) {
+                engine.handle_timeout(now);
+            }
+        }
+    }
+}
