@@ -55,7 +55,20 @@
 //! result ([`Flags::FROM_CACHE`]) when the chunk is already complete, or
 //! counts it in when the first copy was lost. When no new result has arrived
 //! for `give_up`, the call fails with [`Error::GaveUp`] listing the outstanding
-//! sequence numbers. A result carrying [`Flags::OVERFLOW`] makes the call fail
+//! sequence numbers.
+//!
+//! Losses are also found without waiting for a timeout, in the manner of
+//! TCP's RACK (RFC 8985): every rank sends its chunks in order, so when the
+//! result of a chunk sent once at time `t` arrives, every rank had sent its
+//! contributions to the chunks this rank sent before `t`; one of those still
+//! without a result had a contribution or its result lost (or overtaken), and
+//! it goes again at once if it was sent more than a reordering allowance
+//! (a quarter of the smoothed round trip) before `t`. Such a retransmission
+//! keeps its timeout as it was; only a timeout doubles it. A spurious one
+//! costs a datagram: the switch ignores a contribution it has, and answers
+//! one for a complete chunk from the slot.
+//!
+//! A result carrying [`Flags::OVERFLOW`] makes the call fail
 //! with [`Error::Overflow`] once every chunk is complete (the engine keeps
 //! going so that the other ranks, which see the same overflow, are not left
 //! waiting for its contributions).
@@ -611,8 +624,9 @@ pub struct Engine<'a, T: Element> {
     window: VecDeque<Chunk>,
     /// Retransmission timers, earliest first; the top is always live.
     timers: BinaryHeap<Reverse<Timer>>,
-    /// Chunks whose timeout fired, waiting for `poll_transmit`.
-    retransmit: VecDeque<usize>,
+    /// Chunks found lost, waiting for `poll_transmit`, and whether by a
+    /// timeout (which doubles the chunk's timeout).
+    retransmit: VecDeque<(usize, bool)>,
     started: Instant,
     last_event: Instant,
     last_progress: Instant,
@@ -893,7 +907,7 @@ impl<'a, T: Element> Engine<'a, T> {
         if self.is_done() {
             return None;
         }
-        while let Some(k) = self.retransmit.pop_front() {
+        while let Some((k, timed_out)) = self.retransmit.pop_front() {
             let max_rto = self.config.max_rto;
             let Some(chunk) = self.chunk_mut(k) else {
                 continue;
@@ -902,7 +916,9 @@ impl<'a, T: Element> Engine<'a, T> {
                 continue;
             }
             chunk.transmissions += 1;
-            chunk.rto = chunk.rto.saturating_mul(2).min(max_rto);
+            if timed_out {
+                chunk.rto = chunk.rto.saturating_mul(2).min(max_rto);
+            }
             chunk.sent_at = now;
             let at = now + chunk.rto;
             chunk.deadline = Some(at);
@@ -1035,9 +1051,10 @@ impl<'a, T: Element> Engine<'a, T> {
         let chunk = &mut self.window[ahead];
         chunk.done = true;
         chunk.deadline = None;
-        if chunk.transmissions == 1 {
-            self.rtt
-                .sample(now.saturating_duration_since(chunk.sent_at));
+        let (sent_once, sent_at) = (chunk.transmissions == 1, chunk.sent_at);
+        if sent_once {
+            self.rtt.sample(now.saturating_duration_since(sent_at));
+            self.detect_losses(sent_at);
         }
         self.last_progress = now;
         while self.window.front().is_some_and(|c| c.done) {
@@ -1081,13 +1098,26 @@ impl<'a, T: Element> Engine<'a, T> {
                 if let Some(chunk) = self.chunk_mut(timer.chunk) {
                     chunk.deadline = None;
                 }
-                self.retransmit.push_back(timer.chunk);
+                self.retransmit.push_back((timer.chunk, true));
                 fired = true;
             }
         }
         self.prune_timers();
         if fired {
             self.stats.timeouts += 1;
+        }
+    }
+
+    /// Queues for retransmission the chunks without a result that were last
+    /// sent well before `acked`, the sending time of a chunk whose result
+    /// arrived (see the module docs).
+    fn detect_losses(&mut self, acked: Instant) {
+        let allowance = self.rtt.smoothed().unwrap_or(self.config.min_rto) / 4;
+        for (i, chunk) in self.window.iter_mut().enumerate() {
+            if !chunk.done && chunk.deadline.is_some() && chunk.sent_at + allowance < acked {
+                chunk.deadline = None;
+                self.retransmit.push_back((self.base + i, false));
+            }
         }
     }
 
@@ -1508,6 +1538,32 @@ mod tests {
         assert_eq!(engine.rtt().smoothed(), None);
         let stats = engine.take_outcome().unwrap().unwrap();
         assert_eq!((stats.from_cache, stats.packets_sent), (1, 6));
+    }
+
+    #[test]
+    fn a_result_for_a_later_chunk_retransmits_the_earlier_ones_at_once() {
+        let t0 = Instant::now();
+        let mut data = [1, 2, 3, 4];
+        let mut engine = start(member(0, 2, 1, 4), Config::default(), 0, &mut data, t0);
+        let mut sent_at = Vec::new();
+        for i in 0..4 {
+            let at = t0 + i * MS;
+            sent_at.push(sent(&mut engine, at).expect("a chunk").0);
+        }
+        // The result of chunk 2 (sent at 2 ms) arrives at 3 ms: chunks 0 and
+        // 1, sent before it, lost something; chunk 3 was sent after it.
+        engine.handle_packet(t0 + 3 * MS, &result(&sent_at[2], &[6], 0));
+        let again: Vec<u32> = std::iter::from_fn(|| sent(&mut engine, t0 + 3 * MS))
+            .map(|(r, _, _)| {
+                assert!(r.flags.contains(Flags::RETRANSMIT));
+                r.seq
+            })
+            .collect();
+        assert_eq!(again, [0, 1]);
+        let stats = engine.stats();
+        assert_eq!((stats.retransmissions, stats.timeouts), (2, 0));
+        // Not a timeout: their timeouts stay the initial 10 ms, not doubled.
+        assert_eq!(engine.poll_timeout(), Some(t0 + 3 * MS + 10 * MS));
     }
 
     #[test]
