@@ -275,15 +275,15 @@ pub fn size_range(min: usize, max: usize, factor: usize) -> anyhow::Result<Vec<u
     Ok(sizes)
 }
 
-/// Parses `MIN..MAX` (sizes as [`parse_size`]) into [`size_range`]; a single
-/// size is a range of one.
+/// Parses `MIN..MAX` (sizes as [`parse_size`]) into [`size_range`], or a
+/// comma-separated list of sizes (`8B,64MiB`) as given.
 ///
 /// # Errors
 /// As [`parse_size`] and [`size_range`].
 pub fn parse_size_range(text: &str, factor: usize) -> anyhow::Result<Vec<usize>> {
     match text.split_once("..") {
         Some((min, max)) => size_range(parse_size(min)?, parse_size(max)?, factor),
-        None => Ok(vec![parse_size(text)?]),
+        None => text.split(',').map(parse_size).collect(),
     }
 }
 
@@ -908,6 +908,7 @@ mod tests {
         assert_eq!(parse_size_range("4..64", 4).unwrap(), vec![4, 16, 64]);
         assert_eq!(parse_size_range("4..32", 4).unwrap(), vec![4, 16, 32]);
         assert!(parse_size_range("64..4", 2).is_err());
+        assert_eq!(parse_size_range("8B,64MiB", 2).unwrap(), vec![8, 64 << 20]);
         assert_eq!(format_size(64 << 20), "64MiB");
         assert_eq!(format_size(12), "12B");
         assert_eq!(format_size(3 << 10), "3KiB");

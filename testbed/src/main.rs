@@ -41,7 +41,8 @@ struct BenchAllreduceArgs {
     /// Worker counts (one star each).
     #[arg(long, value_delimiter = ',', default_values_t = [2usize, 4, 8])]
     workers: Vec<usize>,
-    /// Bytes per worker, `MIN..MAX` (units B, KiB, MiB, GiB) or one size.
+    /// Bytes per worker: `MIN..MAX` (units B, KiB, MiB, GiB), stepping by
+    /// `--factor`, or a list such as `8B,64MiB`.
     #[arg(long, default_value = "4B..64MiB")]
     sizes: String,
     /// Each size is the previous one times this.
