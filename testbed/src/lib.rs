@@ -9,10 +9,14 @@
 //! - [`bench`]: `bench switch`, the switch's in-kernel cost per packet and
 //!   path against an `XDP_DROP` baseline, and end-to-end packet rates.
 //! - [`lossy`]: a lossy link (drops, duplicates, reordering) on a veth.
+//! - [`ring`]: a host-based ring allreduce over TCP, the baseline of
+//!   [`allreduce_bench`] (`bench allreduce`), which compares xina with it.
 
+pub mod allreduce_bench;
 pub mod bench;
 pub mod ethtool;
 pub mod lossy;
 pub mod netns;
+pub mod ring;
 pub mod scenario;
 pub mod topology;

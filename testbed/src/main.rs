@@ -4,7 +4,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use xina_testbed::{bench, netns, scenario};
+use xina_testbed::{allreduce_bench, bench, netns, scenario};
 
 #[derive(Debug, Parser)]
 #[command(version, about = "xina on network namespaces: demos and scenarios")]
@@ -94,6 +94,99 @@ enum BenchCommand {
     /// over streams of distinct frames; medians over rounds); then the
     /// packets per second real senders get through it in namespaces.
     Switch(BenchSwitchArgs),
+    /// Allreduce through the XDP switch against a host-based ring allreduce
+    /// over TCP on the same namespaces and links, for each worker count and
+    /// size, in nccl-tests' columns, with the ratio between them.
+    Allreduce(BenchAllreduceArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchAllreduceArgs {
+    /// Worker counts (one star each).
+    #[arg(long, value_delimiter = ',', default_values_t = [2usize, 4, 8])]
+    workers: Vec<usize>,
+    /// Bytes per worker: `MIN..MAX` (units B, KiB, MiB, GiB), stepping by
+    /// `--factor`, or a list such as `8B,64MiB`.
+    #[arg(long, default_value = "4B..64MiB")]
+    sizes: String,
+    /// Each size is the previous one times this.
+    #[arg(long, default_value_t = 2)]
+    factor: usize,
+    /// Measured repetitions per size and implementation, after a warm-up.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Loss rates in percent of all frames on every worker link, both
+    /// directions (for xina and the ring alike); e.g. `0,1`.
+    #[arg(long, value_delimiter = ',', default_values_t = [0.0f64])]
+    loss: Vec<f64>,
+    /// xina's elements per packet (1..=256).
+    #[arg(long, default_value_t = 256)]
+    elems_per_packet: u16,
+    /// xina's aggregator slots (the workers' window).
+    #[arg(long, default_value_t = 64)]
+    slots: u32,
+    /// Also write the spec, goals and one record per measurement as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn bench_allreduce(args: &BenchAllreduceArgs) -> anyhow::Result<bool> {
+    let spec = allreduce_bench::AllreduceBenchSpec {
+        workers: args.workers.clone(),
+        sizes: allreduce_bench::parse_size_range(&args.sizes, args.factor).context("--sizes")?,
+        reps: args.reps,
+        losses: args.loss.clone(),
+        elems_per_packet: args.elems_per_packet,
+        slots: args.slots,
+        ..Default::default()
+    };
+    spec.validate()?;
+    let machine = bench::Machine::this();
+    println!(
+        "xina bench allreduce: int32 sum, xina through the XDP switch vs a TCP ring, \
+         {} CPUs, Linux {}",
+        machine.cpus, machine.kernel
+    );
+    println!(
+        "median of {} repetitions after a warm-up, interleaved; every result checked exactly; \
+         xina {} elements/packet, {} slots\n",
+        spec.reps, spec.elems_per_packet, spec.slots
+    );
+    let records = allreduce_bench::run(&spec, |line| eprintln!("  {line}"))?;
+    for &loss in &spec.losses {
+        for &workers in &spec.workers {
+            println!("{workers} workers, loss {loss}%:");
+            println!("{}", allreduce_bench::table(&records, workers, loss));
+        }
+    }
+    println!(
+        "time: per allreduce, first rank out of the barrier to last rank done; algbw = size/time, \
+         busbw = algbw*2(n-1)/n (GB/s = 1e9 B/s);\nretx: xina retransmitted chunks, ring TCP \
+         retransmitted segments, summed over ranks and repetitions; xina/ring = ring time / xina time\n"
+    );
+    let goals = allreduce_bench::judge_goals(&records);
+    println!("goals:");
+    for g in &goals {
+        let verdict = match (g.met, g.ratio) {
+            (Some(met), Some(r)) => format!(
+                "{}: {r:.2} (needs >= {})",
+                if met { "MET" } else { "NOT MET" },
+                g.threshold
+            ),
+            _ => "not measured".to_owned(),
+        };
+        println!("  {}\n    => {verdict}; {}", g.statement, g.detail);
+    }
+    if let Some(path) = &args.json {
+        let report = allreduce_bench::AllreduceBenchReport {
+            machine,
+            spec,
+            goals,
+            records,
+        };
+        write_json(path, &report)?;
+    }
+    Ok(true)
 }
 
 #[derive(Debug, clap::Args)]
@@ -228,9 +321,7 @@ fn bench_switch(args: &BenchSwitchArgs) -> anyhow::Result<bool> {
             testrun_repeat,
             end_to_end,
         };
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        println!("\nrecords written to {}", path.display());
+        write_json(path, &report)?;
     }
     Ok(all_ok)
 }
@@ -302,6 +393,14 @@ fn demo(args: &DemoArgs) -> anyhow::Result<bool> {
     Ok(report.all_correct() && report.switch_accounting_error().is_none())
 }
 
+/// Writes `value` as pretty JSON to `path` and says so.
+fn write_json(path: &std::path::Path, value: &impl serde::Serialize) -> anyhow::Result<()> {
+    std::fs::write(path, serde_json::to_string_pretty(value)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("\nrecords written to {}", path.display());
+    Ok(())
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
@@ -312,6 +411,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Demo(args) => demo(args),
         Command::Bench(BenchCommand::Switch(args)) => bench_switch(args),
+        Command::Bench(BenchCommand::Allreduce(args)) => bench_allreduce(args),
         Command::Worker(args) => worker(args),
     };
     match result {

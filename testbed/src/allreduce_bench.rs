@@ -1,0 +1,942 @@
+//! `xina-testbed bench allreduce`: allreduce through the XDP switch against a
+//! host-based ring allreduce ([`crate::ring`]) on the same namespaces and
+//! links, in nccl-tests' columns.
+//!
+//! # Method
+//!
+//! For each worker count one [`Star`] is built and the switch attached to it
+//! for the whole sweep; every rank is one thread in its worker namespace that
+//! holds an `xina_host::Worker` (UDP to the switch) and a [`RingRank`] (TCP
+//! to its ring neighbours, bridged by the switch host: XDP passes what is not
+//! xina). The ring therefore crosses the same veths, the same XDP programs
+//! (as pass-through) and the same bridge as xina's packets.
+//!
+//! For every loss rate, size and implementation: one warm-up repetition,
+//! then `reps` measured ones, xina's and the ring's interleaved rep by rep so
+//! that noise on this shared machine hits both alike. A repetition is:
+//! every rank fills `iters` buffers with its input, all ranks meet at a
+//! barrier, and each runs `iters` allreduces back to back; the repetition's
+//! time is from the first rank leaving the barrier to the last rank
+//! finishing, divided by `iters`. Small sizes run several allreduces per
+//! repetition (`iters = clamp(1 MiB / bytes, 1, 20)`) so that the barrier's
+//! wake-up skew is spread out. After the clock stops every buffer is
+//! compared with the element-wise sum computed here; a wrong or failed
+//! allreduce ends the benchmark with an error, so no wrong answer is timed.
+//!
+//! - `time_us`: the median over repetitions of the time per allreduce;
+//! - `algbw = bytes / time` (bytes per worker), `busbw = algbw · 2(n-1)/n`,
+//!   both in GB/s (10^9 bytes per second), as in nccl-tests;
+//! - `retransmits`: xina's retransmitted chunks (`Stats::retransmissions`)
+//!   or the ring's TCP retransmitted segments (`tcpi_total_retrans` of each
+//!   rank's sending connection), summed over ranks and measured repetitions;
+//! - loss: the lossy link ([`crate::lossy`]) on every worker's interface,
+//!   dropping that fraction of *all* frames (xina's, TCP's data and ACKs) in
+//!   both directions. It sees frames before segmentation offload cuts them,
+//!   so a dropped frame can be a batch of up to 64 xina datagrams (UDP GSO)
+//!   or a TCP segment of up to 64 KiB; `frames_seen` and `frames_dropped`
+//!   count what it saw and dropped during the measured repetitions.
+
+use std::{
+    fmt::Write as _,
+    net::SocketAddrV4,
+    sync::{
+        Arc, Barrier,
+        mpsc::{self, Receiver, Sender},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail, ensure};
+use serde::Serialize;
+use xina_host::{JobParams, Worker};
+use xina_proto::XINA_UDP_PORT;
+
+use crate::{
+    bench::{Machine, median},
+    lossy::{Counts, LossyLink},
+    ring::{RingRank, ring_addrs},
+    scenario::{self, AllreduceSpec, JOB_ID, WORKER_PORT},
+    topology::Star,
+};
+
+/// Most allreduces one repetition runs back to back.
+const MAX_ITERS: usize = 20;
+/// Small sizes run `MIN_REP_BYTES / bytes` allreduces per repetition.
+const MIN_REP_BYTES: usize = 1 << 20;
+
+/// The goals of issue 4, each checked at one point of the sweep.
+pub const GOAL_WORKERS: usize = 8;
+/// Goal 1: xina's algbw at least twice the ring's at 64 MiB and 8 workers.
+pub const GOAL_BANDWIDTH_BYTES: usize = 64 << 20;
+pub const GOAL_BANDWIDTH_RATIO: f64 = 2.0;
+/// Goal 2: xina's time at most half the ring's for 8 bytes at 8 workers.
+pub const GOAL_LATENCY_BYTES: usize = 8;
+pub const GOAL_LATENCY_RATIO: f64 = 2.0;
+/// Goal 3: xina's goodput at 1% loss at least 80% of lossless.
+pub const GOAL_LOSS_PCT: f64 = 1.0;
+pub const GOAL_GOODPUT_RATIO: f64 = 0.8;
+
+/// An allreduce implementation under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Impl {
+    /// Through the XDP switch (`xina_host::Worker::allreduce_i32`).
+    Xina,
+    /// The host-based ring over TCP ([`RingRank::allreduce_i32`]).
+    Ring,
+}
+
+impl Impl {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Xina => "xina",
+            Self::Ring => "ring",
+        }
+    }
+}
+
+/// What to measure.
+#[derive(Clone, Debug, Serialize)]
+pub struct AllreduceBenchSpec {
+    /// Worker counts, each on its own star.
+    pub workers: Vec<usize>,
+    /// Bytes per worker (multiples of 4: int32 elements).
+    pub sizes: Vec<usize>,
+    /// Measured repetitions per size and implementation (after a warm-up).
+    pub reps: usize,
+    /// Loss rates in percent of frames, each direction.
+    pub losses: Vec<f64>,
+    /// xina's elements per packet.
+    pub elems_per_packet: u16,
+    /// xina's aggregator slots (the workers' window).
+    pub slots: u32,
+    /// How long an xina worker waits without progress before failing.
+    pub give_up: Duration,
+    /// How long a ring rank waits for a neighbour that does not move.
+    pub ring_timeout: Duration,
+    /// Seed of the workers' data.
+    pub seed: u64,
+}
+
+impl Default for AllreduceBenchSpec {
+    fn default() -> Self {
+        Self {
+            workers: vec![2, 4, 8],
+            sizes: size_range(4, 64 << 20, 2).unwrap_or_default(),
+            reps: 5,
+            losses: vec![0.0],
+            elems_per_packet: 256,
+            slots: 64,
+            give_up: Duration::from_secs(5),
+            ring_timeout: Duration::from_secs(10),
+            seed: 1,
+        }
+    }
+}
+
+impl AllreduceBenchSpec {
+    /// Checks every field, naming the first bad one.
+    ///
+    /// # Errors
+    /// When a list is empty or a value is out of range.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        ensure!(!self.workers.is_empty(), "workers: none given");
+        for &w in &self.workers {
+            ensure!(
+                (2..=xina_proto::MAX_RANKS).contains(&w),
+                "workers: {w} (must be 2..={})",
+                xina_proto::MAX_RANKS
+            );
+        }
+        ensure!(!self.sizes.is_empty(), "sizes: none given");
+        for &s in &self.sizes {
+            ensure!(
+                s >= 4 && s.is_multiple_of(4),
+                "sizes: {s} bytes is not a positive multiple of 4 (int32 elements)"
+            );
+        }
+        ensure!(self.reps >= 1, "reps: must be at least 1");
+        ensure!(!self.losses.is_empty(), "loss: none given");
+        for &l in &self.losses {
+            ensure!(
+                (0.0..100.0).contains(&l),
+                "loss: {l}% (must be at least 0 and below 100)"
+            );
+        }
+        ensure!(
+            (1..=256).contains(&self.elems_per_packet),
+            "elems-per-packet: {} (must be 1..=256)",
+            self.elems_per_packet
+        );
+        Ok(())
+    }
+}
+
+/// One measurement: an implementation at one worker count, size and loss.
+#[derive(Clone, Debug, Serialize)]
+pub struct Record {
+    #[serde(rename = "impl")]
+    pub implementation: Impl,
+    pub workers: usize,
+    /// Bytes per worker.
+    pub bytes: usize,
+    /// Elements per worker.
+    pub count: usize,
+    pub dtype: &'static str,
+    pub redop: &'static str,
+    /// Median over repetitions of the time per allreduce, microseconds.
+    pub time_us: f64,
+    /// `bytes / time`, GB/s (10^9 bytes per second).
+    pub algbw_gbps: f64,
+    /// `algbw · 2(n-1)/n`, GB/s.
+    pub busbw_gbps: f64,
+    /// Retransmissions summed over ranks and measured repetitions (xina:
+    /// chunks; ring: TCP segments).
+    pub retransmits: u64,
+    /// Frames dropped by the lossy links, percent (each direction).
+    pub loss: f64,
+    /// Measured repetitions.
+    pub reps: usize,
+    /// Allreduces per repetition.
+    pub iters: usize,
+    /// Every repetition's time per allreduce, microseconds.
+    pub times_us: Vec<f64>,
+    /// What the lossy links saw and dropped during the measured repetitions
+    /// (all links, both directions); zero without loss.
+    pub frames_seen: u64,
+    pub frames_dropped: u64,
+}
+
+/// A goal and how the run did against it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Goal {
+    pub statement: String,
+    /// The measured ratio (what the threshold applies to), if measured.
+    pub ratio: Option<f64>,
+    pub threshold: f64,
+    pub met: Option<bool>,
+    /// What the ratio was computed from, or what is missing.
+    pub detail: String,
+}
+
+/// Everything `--json` writes.
+#[derive(Clone, Debug, Serialize)]
+pub struct AllreduceBenchReport {
+    pub machine: Machine,
+    pub spec: AllreduceBenchSpec,
+    pub goals: Vec<Goal>,
+    /// One per measurement.
+    pub records: Vec<Record>,
+}
+
+/// Parses a size such as `4`, `4B`, `64KiB`, `64K`, `1MiB`, `1M`, `1GiB`.
+///
+/// # Errors
+/// When the number or the unit is not understood.
+pub fn parse_size(text: &str) -> anyhow::Result<usize> {
+    let t = text.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(digits);
+    let number: usize = number
+        .parse()
+        .with_context(|| format!("size {text:?}: no number"))?;
+    let scale: usize = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" | "KB" => 1 << 10,
+        "M" | "MiB" | "MB" => 1 << 20,
+        "G" | "GiB" | "GB" => 1 << 30,
+        other => bail!("size {text:?}: unknown unit {other:?} (B, KiB, MiB, GiB)"),
+    };
+    number
+        .checked_mul(scale)
+        .with_context(|| format!("size {text:?} is too large"))
+}
+
+/// `min, min·factor, ...` up to `max` (and `max` itself if the steps miss it).
+///
+/// # Errors
+/// When `min` is 0, `min > max` or `factor < 2`.
+pub fn size_range(min: usize, max: usize, factor: usize) -> anyhow::Result<Vec<usize>> {
+    ensure!(min > 0, "sizes: the smallest size must be positive");
+    ensure!(min <= max, "sizes: {min} is larger than {max}");
+    ensure!(factor >= 2, "factor: {factor} (must be at least 2)");
+    let mut sizes = Vec::new();
+    let mut s = min;
+    while s <= max {
+        sizes.push(s);
+        match s.checked_mul(factor) {
+            Some(next) => s = next,
+            None => break,
+        }
+    }
+    if sizes.last() != Some(&max) {
+        sizes.push(max);
+    }
+    Ok(sizes)
+}
+
+/// Parses `MIN..MAX` (sizes as [`parse_size`]) into [`size_range`], or a
+/// comma-separated list of sizes (`8B,64MiB`) as given.
+///
+/// # Errors
+/// As [`parse_size`] and [`size_range`].
+pub fn parse_size_range(text: &str, factor: usize) -> anyhow::Result<Vec<usize>> {
+    match text.split_once("..") {
+        Some((min, max)) => size_range(parse_size(min)?, parse_size(max)?, factor),
+        None => text.split(',').map(parse_size).collect(),
+    }
+}
+
+/// `4B`, `16KiB`, `64MiB`: the largest binary unit that divides `bytes`.
+pub fn format_size(bytes: usize) -> String {
+    for (unit, scale) in [("GiB", 1usize << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if bytes >= scale && bytes.is_multiple_of(scale) {
+            return format!("{}{unit}", bytes / scale);
+        }
+    }
+    format!("{bytes}B")
+}
+
+/// Allreduces per repetition at `bytes` per worker.
+pub fn iters_for(bytes: usize) -> usize {
+    (MIN_REP_BYTES / bytes.max(1)).clamp(1, MAX_ITERS)
+}
+
+/// Runs the whole sweep; `progress` gets a line per measurement.
+///
+/// # Errors
+/// When a topology, switch or lossy link cannot be set up, a rank cannot
+/// connect, or any allreduce fails or returns a wrong result (the error
+/// names the implementation, size and ranks).
+pub fn run(
+    spec: &AllreduceBenchSpec,
+    mut progress: impl FnMut(&str),
+) -> anyhow::Result<Vec<Record>> {
+    spec.validate()?;
+    let mut records = Vec::new();
+    for &workers in &spec.workers {
+        progress(&format!("{workers} workers: building the star"));
+        let star = Star::build(workers).context("building the star topology")?;
+        let result = run_on(&star, spec, workers, &mut records, &mut progress);
+        star.teardown().context("tearing the topology down")?;
+        result?;
+    }
+    Ok(records)
+}
+
+/// The sweep of one worker count on `star`.
+fn run_on(
+    star: &Star,
+    spec: &AllreduceBenchSpec,
+    workers: usize,
+    records: &mut Vec<Record>,
+    progress: &mut impl FnMut(&str),
+) -> anyhow::Result<()> {
+    let scenario_spec = AllreduceSpec {
+        workers,
+        elems_per_packet: spec.elems_per_packet,
+        slots: spec.slots,
+        ..Default::default()
+    };
+    let config = scenario::star_config(star, &scenario_spec);
+    // Detached when dropped, at the end of this function.
+    let _dp = scenario::start_switch(star, &config)?;
+    let addrs = ring_addrs(star.workers().iter().map(|w| w.ip));
+    let switch = SocketAddrV4::new(star.service_ip(), XINA_UDP_PORT);
+    let barrier = Barrier::new(workers);
+    let (to_driver, from_ranks) = mpsc::channel();
+    std::thread::scope(|scope| {
+        let mut commands = Vec::with_capacity(workers);
+        for rank in 0..workers {
+            let (tx, rx) = mpsc::channel();
+            commands.push(tx);
+            let setup = RankSetup {
+                rank,
+                params: JobParams {
+                    job: JOB_ID,
+                    rank: u8::try_from(rank).context("rank")?,
+                    fan_in: u8::try_from(workers).context("workers")?,
+                    elems_per_packet: spec.elems_per_packet,
+                    slots: spec.slots,
+                    op: xina_proto::Op::Sum,
+                    dtype: xina_proto::DType::I32,
+                    mode: xina_host::Mode::Allreduce,
+                    switch,
+                },
+                bind: SocketAddrV4::new(star.worker(rank).ip, WORKER_PORT),
+                give_up: spec.give_up,
+                addrs: &addrs,
+                ring_timeout: spec.ring_timeout,
+            };
+            let (ns, barrier, to_driver) = (star.worker(rank).ns(), &barrier, to_driver.clone());
+            scope.spawn(move || {
+                let failed = to_driver.clone();
+                if let Err(e) = ns.run(move || rank_loop(&setup, barrier, &rx, &to_driver)) {
+                    let _ = failed.send(Message::Ready(rank, Err(format!("{e:#}"))));
+                }
+            });
+        }
+        drop(to_driver);
+        let driver = Driver {
+            star,
+            spec,
+            workers,
+            commands: &commands,
+            results: &from_ranks,
+        };
+        // Dropping `commands` on the way out ends every rank's loop.
+        driver.run(records, progress)
+    })
+}
+
+/// What a rank thread needs to set itself up.
+struct RankSetup<'a> {
+    rank: usize,
+    params: JobParams,
+    bind: SocketAddrV4,
+    give_up: Duration,
+    addrs: &'a [SocketAddrV4],
+    ring_timeout: Duration,
+}
+
+/// One repetition for every rank.
+struct Command {
+    which: Impl,
+    input: Arc<Vec<i32>>,
+    expected: Arc<Vec<i32>>,
+    iters: usize,
+}
+
+/// From a rank thread to the driver.
+enum Message {
+    /// Set up (or not); sent once.
+    Ready(usize, Result<(), String>),
+    Done(RankResult),
+}
+
+struct RankResult {
+    rank: usize,
+    start: Instant,
+    end: Instant,
+    retransmits: u64,
+    outcome: Result<(), String>,
+}
+
+/// A rank: sets up its xina worker and ring connections, then runs one
+/// repetition per command until the driver hangs up.
+fn rank_loop(
+    setup: &RankSetup<'_>,
+    barrier: &Barrier,
+    commands: &Receiver<Command>,
+    to_driver: &Sender<Message>,
+) {
+    let rank = setup.rank;
+    let ready = (|| -> anyhow::Result<(Worker, RingRank)> {
+        let listener = RingRank::listen(rank, setup.addrs)?;
+        let config = xina_host::Config {
+            give_up: setup.give_up,
+            ..Default::default()
+        };
+        let worker = Worker::new(setup.params, setup.bind, config)
+            .with_context(|| format!("rank {rank}: xina worker"))?;
+        let ring = RingRank::connect(rank, setup.addrs, &listener, setup.ring_timeout)?;
+        Ok((worker, ring))
+    })();
+    let (mut worker, mut ring) = match ready {
+        Ok(pair) => {
+            let _ = to_driver.send(Message::Ready(rank, Ok(())));
+            pair
+        }
+        Err(e) => {
+            let _ = to_driver.send(Message::Ready(rank, Err(format!("{e:#}"))));
+            return;
+        }
+    };
+    while let Ok(cmd) = commands.recv() {
+        let mut bufs: Vec<Vec<i32>> = (0..cmd.iters).map(|_| cmd.input.to_vec()).collect();
+        barrier.wait();
+        let start = Instant::now();
+        let mut retransmits = 0;
+        let mut outcome = Ok(());
+        for buf in &mut bufs {
+            let done = match cmd.which {
+                Impl::Xina => worker
+                    .allreduce_i32(buf)
+                    .map(|s| s.retransmissions)
+                    .map_err(|e| e.to_string()),
+                Impl::Ring => ring
+                    .allreduce_i32(buf)
+                    .map(|s| s.retransmits)
+                    .map_err(|e| e.to_string()),
+            };
+            match done {
+                Ok(r) => retransmits += r,
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+            }
+        }
+        let end = Instant::now();
+        if outcome.is_ok() {
+            outcome = check(&bufs, &cmd.expected);
+        }
+        let result = RankResult {
+            rank,
+            start,
+            end,
+            retransmits,
+            outcome,
+        };
+        if to_driver.send(Message::Done(result)).is_err() {
+            return;
+        }
+    }
+}
+
+/// Whether every buffer is exactly `expected`.
+fn check(bufs: &[Vec<i32>], expected: &[i32]) -> Result<(), String> {
+    for (i, b) in bufs.iter().enumerate() {
+        if b.len() != expected.len() {
+            return Err(format!(
+                "allreduce {i}: {} elements, expected {}",
+                b.len(),
+                expected.len()
+            ));
+        }
+        if let Some(at) = b.iter().zip(expected).position(|(x, y)| x != y) {
+            return Err(format!(
+                "allreduce {i}: WRONG result at element {at}: {} (expected {})",
+                b[at], expected[at]
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The driver's side of one worker count.
+struct Driver<'a> {
+    star: &'a Star,
+    spec: &'a AllreduceBenchSpec,
+    workers: usize,
+    commands: &'a [Sender<Command>],
+    results: &'a Receiver<Message>,
+}
+
+/// One repetition's outcome across ranks.
+struct Rep {
+    /// Time per allreduce.
+    time: Duration,
+    retransmits: u64,
+}
+
+impl Driver<'_> {
+    fn run(
+        &self,
+        records: &mut Vec<Record>,
+        progress: &mut impl FnMut(&str),
+    ) -> anyhow::Result<()> {
+        self.wait_ready()?;
+        for &loss in &self.spec.losses {
+            let links = self.attach_loss(loss)?;
+            for &bytes in &self.spec.sizes {
+                let count = bytes / 4;
+                let inputs: Vec<Arc<Vec<i32>>> = (0..self.workers)
+                    .map(|r| Arc::new(scenario::worker_data(self.spec.seed, r, count)))
+                    .collect();
+                let mut expected = vec![0i32; count];
+                for input in &inputs {
+                    for (e, v) in expected.iter_mut().zip(input.iter()) {
+                        *e = e.wrapping_add(*v);
+                    }
+                }
+                let expected = Arc::new(expected);
+                let iters = iters_for(bytes);
+                let mut reps: [Vec<Rep>; 2] = [Vec::new(), Vec::new()];
+                let mut frames = [Counts::default(); 2];
+                let impls = [Impl::Xina, Impl::Ring];
+                for which in impls {
+                    self.rep(which, &inputs, &expected, iters, bytes, loss)?;
+                }
+                for _ in 0..self.spec.reps {
+                    for (i, which) in impls.into_iter().enumerate() {
+                        let before = link_counts(&links)?;
+                        reps[i].push(self.rep(which, &inputs, &expected, iters, bytes, loss)?);
+                        let after = link_counts(&links)?;
+                        frames[i].seen += after.seen - before.seen;
+                        frames[i].dropped += after.dropped - before.dropped;
+                    }
+                }
+                for (i, which) in impls.into_iter().enumerate() {
+                    let record = self.record(which, bytes, iters, loss, &reps[i], frames[i]);
+                    progress(&format!(
+                        "{} workers, loss {loss}%, {}: {} {:.1} us, {:.3} GB/s, {} retransmits",
+                        self.workers,
+                        format_size(bytes),
+                        which.name(),
+                        record.time_us,
+                        record.algbw_gbps,
+                        record.retransmits
+                    ));
+                    records.push(record);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until every rank has set up, or reports every rank that failed.
+    fn wait_ready(&self) -> anyhow::Result<()> {
+        let mut failed = Vec::new();
+        for _ in 0..self.workers {
+            match self.results.recv() {
+                Ok(Message::Ready(_, Ok(()))) => {}
+                Ok(Message::Ready(rank, Err(e))) => failed.push(format!("rank {rank}: {e}")),
+                Ok(Message::Done(_)) => bail!("a rank reported a result before it was set up"),
+                Err(_) => bail!("every rank thread ended before setting up"),
+            }
+        }
+        if !failed.is_empty() {
+            bail!("setting up the ranks: {}", failed.join("; "));
+        }
+        Ok(())
+    }
+
+    fn attach_loss(&self, loss: f64) -> anyhow::Result<Vec<LossyLink>> {
+        if loss == 0.0 {
+            return Ok(Vec::new());
+        }
+        // Percent to parts per million; validated below 100%.
+        let drop_ppm = (loss * 10_000.0).round() as u32;
+        let rates = crate::lossy::rates(drop_ppm, 0, 0, false);
+        self.star
+            .workers()
+            .iter()
+            .map(|w| {
+                LossyLink::attach(w.ns(), &w.iface, rates, rates, "1mbit")
+                    .with_context(|| format!("lossy link on worker {}", w.rank))
+            })
+            .collect()
+    }
+
+    /// One repetition of `which` on every rank.
+    fn rep(
+        &self,
+        which: Impl,
+        inputs: &[Arc<Vec<i32>>],
+        expected: &Arc<Vec<i32>>,
+        iters: usize,
+        bytes: usize,
+        loss: f64,
+    ) -> anyhow::Result<Rep> {
+        for (tx, input) in self.commands.iter().zip(inputs) {
+            tx.send(Command {
+                which,
+                input: Arc::clone(input),
+                expected: Arc::clone(expected),
+                iters,
+            })
+            .context("a rank thread has ended")?;
+        }
+        let mut results = Vec::with_capacity(self.workers);
+        for _ in 0..self.workers {
+            match self.results.recv() {
+                Ok(Message::Done(r)) => results.push(r),
+                Ok(Message::Ready(rank, _)) => bail!("rank {rank} set itself up twice"),
+                Err(_) => bail!("a rank thread has ended"),
+            }
+        }
+        results.sort_by_key(|r| r.rank);
+        let failed: Vec<String> = results
+            .iter()
+            .filter_map(|r| {
+                r.outcome
+                    .as_ref()
+                    .err()
+                    .map(|e| format!("rank {}: {e}", r.rank))
+            })
+            .collect();
+        if !failed.is_empty() {
+            bail!(
+                "{} allreduce of {} per worker, {} workers, loss {loss}%: {}",
+                which.name(),
+                format_size(bytes),
+                self.workers,
+                failed.join("; ")
+            );
+        }
+        let start = results.iter().map(|r| r.start).min().context("no ranks")?;
+        let end = results.iter().map(|r| r.end).max().context("no ranks")?;
+        Ok(Rep {
+            time: end.duration_since(start) / u32::try_from(iters).unwrap_or(u32::MAX),
+            retransmits: results.iter().map(|r| r.retransmits).sum(),
+        })
+    }
+
+    fn record(
+        &self,
+        which: Impl,
+        bytes: usize,
+        iters: usize,
+        loss: f64,
+        reps: &[Rep],
+        frames: Counts,
+    ) -> Record {
+        let times_us: Vec<f64> = reps.iter().map(|r| r.time.as_secs_f64() * 1e6).collect();
+        let time_us = median(&times_us).unwrap_or(f64::NAN);
+        let algbw_gbps = bytes as f64 / (time_us * 1e-6) / 1e9;
+        Record {
+            implementation: which,
+            workers: self.workers,
+            bytes,
+            count: bytes / 4,
+            dtype: "int32",
+            redop: "sum",
+            time_us,
+            algbw_gbps,
+            busbw_gbps: busbw(algbw_gbps, self.workers),
+            retransmits: reps.iter().map(|r| r.retransmits).sum(),
+            loss,
+            reps: reps.len(),
+            iters,
+            times_us,
+            frames_seen: frames.seen,
+            frames_dropped: frames.dropped,
+        }
+    }
+}
+
+/// Bus bandwidth of an allreduce among `n`: `algbw · 2(n-1)/n`.
+pub fn busbw(algbw: f64, n: usize) -> f64 {
+    algbw * 2.0 * (n as f64 - 1.0) / n as f64
+}
+
+/// What all lossy links saw and dropped so far, both directions.
+fn link_counts(links: &[LossyLink]) -> anyhow::Result<Counts> {
+    let mut sum = Counts::default();
+    for link in links {
+        for dir in [
+            xina_proto::lossy::direction::EGRESS,
+            xina_proto::lossy::direction::INGRESS,
+        ] {
+            let c = link.counts(dir)?;
+            sum.seen += c.seen;
+            sum.dropped += c.dropped;
+        }
+    }
+    Ok(sum)
+}
+
+fn find(
+    records: &[Record],
+    which: Impl,
+    workers: usize,
+    bytes: usize,
+    loss: f64,
+) -> Option<&Record> {
+    records.iter().find(|r| {
+        r.implementation == which && r.workers == workers && r.bytes == bytes && r.loss == loss
+    })
+}
+
+/// The table of one worker count and loss rate, nccl-tests' columns for
+/// each implementation and `xina/ring`, the ratio of their algbw (the ring's
+/// time over xina's: above 1, xina is faster).
+pub fn table(records: &[Record], workers: usize, loss: f64) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:>8} {:>9} {:>6} {:>5} | {:>34} {:>5} | {:>34} {:>5} | {:>9}",
+        "", "", "", "", "xina", "", "ring", "", ""
+    );
+    let _ = writeln!(
+        out,
+        "{:>8} {:>9} {:>6} {:>5} | {:>11} {:>11} {:>11} {:>5} | {:>11} {:>11} {:>11} {:>5} | {:>9}",
+        "size",
+        "count",
+        "type",
+        "redop",
+        "time(us)",
+        "algbw(GB/s)",
+        "busbw(GB/s)",
+        "retx",
+        "time(us)",
+        "algbw(GB/s)",
+        "busbw(GB/s)",
+        "retx",
+        "xina/ring"
+    );
+    let mut sizes: Vec<usize> = records
+        .iter()
+        .filter(|r| r.workers == workers && r.loss == loss)
+        .map(|r| r.bytes)
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    for bytes in sizes {
+        let cols = |which| {
+            find(records, which, workers, bytes, loss).map_or_else(
+                || format!("{:>11} {:>11} {:>11} {:>5}", "-", "-", "-", "-"),
+                |r| {
+                    format!(
+                        "{:>11.1} {:>11.4} {:>11.4} {:>5}",
+                        r.time_us, r.algbw_gbps, r.busbw_gbps, r.retransmits
+                    )
+                },
+            )
+        };
+        let ratio = ratio(records, workers, bytes, loss)
+            .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}"));
+        let _ = writeln!(
+            out,
+            "{:>8} {:>9} {:>6} {:>5} | {} | {} | {ratio:>9}",
+            format_size(bytes),
+            bytes / 4,
+            "int32",
+            "sum",
+            cols(Impl::Xina),
+            cols(Impl::Ring)
+        );
+    }
+    out
+}
+
+/// xina's algbw over the ring's (the ring's time over xina's).
+pub fn ratio(records: &[Record], workers: usize, bytes: usize, loss: f64) -> Option<f64> {
+    let x = find(records, Impl::Xina, workers, bytes, loss)?;
+    let r = find(records, Impl::Ring, workers, bytes, loss)?;
+    Some(r.time_us / x.time_us)
+}
+
+/// The three goals against what `records` measured.
+pub fn judge_goals(records: &[Record]) -> Vec<Goal> {
+    let judge = |statement: String, ratio: Option<f64>, threshold: f64, detail: String| Goal {
+        statement,
+        met: ratio.map(|r| r >= threshold),
+        ratio,
+        threshold,
+        detail,
+    };
+    let at = |bytes| {
+        let r = ratio(records, GOAL_WORKERS, bytes, 0.0);
+        let detail = match r {
+            Some(_) => format!(
+                "lossless, {GOAL_WORKERS} workers, {}: ring time / xina time",
+                format_size(bytes)
+            ),
+            None => format!(
+                "not measured (needs {GOAL_WORKERS} workers, {} and loss 0)",
+                format_size(bytes)
+            ),
+        };
+        (r, detail)
+    };
+    let (bw, bw_detail) = at(GOAL_BANDWIDTH_BYTES);
+    let (lat, lat_detail) = at(GOAL_LATENCY_BYTES);
+    let mut goals = vec![
+        judge(
+            format!(
+                "at {} and {GOAL_WORKERS} workers, xina's algbw >= {GOAL_BANDWIDTH_RATIO}x the ring's",
+                format_size(GOAL_BANDWIDTH_BYTES)
+            ),
+            bw,
+            GOAL_BANDWIDTH_RATIO,
+            bw_detail,
+        ),
+        judge(
+            format!(
+                "{GOAL_LATENCY_BYTES}-byte allreduce at {GOAL_WORKERS} workers: xina's time <= 1/{GOAL_LATENCY_RATIO} of the ring's"
+            ),
+            lat,
+            GOAL_LATENCY_RATIO,
+            lat_detail,
+        ),
+    ];
+    // Goodput under loss: the largest size and worker count measured both
+    // lossless and at the goal's loss rate.
+    let lossy = records
+        .iter()
+        .filter(|r| r.implementation == Impl::Xina && r.loss == GOAL_LOSS_PCT)
+        .filter_map(|l| find(records, Impl::Xina, l.workers, l.bytes, 0.0).map(|clean| (l, clean)))
+        .max_by_key(|(l, _)| (l.bytes, l.workers));
+    let (goodput, detail) = match lossy {
+        Some((l, clean)) => (
+            Some(l.algbw_gbps / clean.algbw_gbps),
+            format!(
+                "xina, {} workers, {}: algbw {:.4} GB/s at {GOAL_LOSS_PCT}% loss, {:.4} lossless{}",
+                l.workers,
+                format_size(l.bytes),
+                l.algbw_gbps,
+                clean.algbw_gbps,
+                find(records, Impl::Ring, l.workers, l.bytes, GOAL_LOSS_PCT)
+                    .zip(find(records, Impl::Ring, l.workers, l.bytes, 0.0))
+                    .map_or_else(String::new, |(rl, rc)| format!(
+                        " (ring: {:.2} of lossless)",
+                        rl.algbw_gbps / rc.algbw_gbps
+                    ))
+            ),
+        ),
+        None => (
+            None,
+            format!("not measured (needs loss 0 and {GOAL_LOSS_PCT} at the same size)"),
+        ),
+    };
+    goals.push(judge(
+        format!(
+            "goodput at {GOAL_LOSS_PCT}% loss >= {}% of lossless",
+            GOAL_GOODPUT_RATIO * 100.0
+        ),
+        goodput,
+        GOAL_GOODPUT_RATIO,
+        detail,
+    ));
+    goals
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_and_step() {
+        assert_eq!(parse_size("4B").unwrap(), 4);
+        assert_eq!(parse_size("64MiB").unwrap(), 64 << 20);
+        assert_eq!(parse_size("16K").unwrap(), 16 << 10);
+        assert!(parse_size("4 parsecs").is_err());
+        assert!(parse_size("MiB").is_err());
+        assert_eq!(
+            parse_size_range("4B..64B", 2).unwrap(),
+            vec![4, 8, 16, 32, 64]
+        );
+        assert_eq!(parse_size_range("4..64", 4).unwrap(), vec![4, 16, 64]);
+        assert_eq!(parse_size_range("4..32", 4).unwrap(), vec![4, 16, 32]);
+        assert!(parse_size_range("64..4", 2).is_err());
+        assert_eq!(parse_size_range("8B,64MiB", 2).unwrap(), vec![8, 64 << 20]);
+        assert_eq!(format_size(64 << 20), "64MiB");
+        assert_eq!(format_size(12), "12B");
+        assert_eq!(format_size(3 << 10), "3KiB");
+    }
+
+    #[test]
+    fn spec_errors_name_the_field() {
+        let bad = |f: fn(&mut AllreduceBenchSpec)| {
+            let mut s = AllreduceBenchSpec::default();
+            f(&mut s);
+            s.validate().unwrap_err().to_string()
+        };
+        assert!(bad(|s| s.workers = vec![1]).starts_with("workers: 1"));
+        assert!(bad(|s| s.sizes = vec![6]).starts_with("sizes: 6"));
+        assert!(bad(|s| s.reps = 0).starts_with("reps"));
+        assert!(bad(|s| s.losses = vec![100.0]).starts_with("loss: 100"));
+        AllreduceBenchSpec::default().validate().unwrap();
+    }
+
+    #[test]
+    fn busbw_is_nccl_tests_factor() {
+        assert!((busbw(1.0, 2) - 1.0).abs() < 1e-12);
+        assert!((busbw(1.0, 8) - 1.75).abs() < 1e-12);
+        assert_eq!(iters_for(4), MAX_ITERS);
+        assert_eq!(iters_for(256 << 10), 4);
+        assert_eq!(iters_for(64 << 20), 1);
+    }
+}
