@@ -9,12 +9,15 @@
 //! interface indexes in the network namespace of the calling thread. Call
 //! [`Dataplane::attach`] from a thread inside the switch's namespace.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{collections::BTreeMap, net::Ipv4Addr, path::PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, DevMap, HashMap, MapData, PerCpuArray, PerCpuValues, ProgramArray},
-    programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
+    programs::{
+        ProgramError, ProgramFd, TestRun, TestRunOptions, Xdp, XdpMode, links::FdLink,
+        xdp::XdpLinkId,
+    },
 };
 use xina_proto::{
     DType, MAX_RANKS, Op,
@@ -24,6 +27,8 @@ use xina_proto::{
         NO_PORT_INDEX, PortKey, Slot, mode, names, programs,
     },
 };
+
+use crate::pin::{self, PinDir};
 
 /// The eBPF object built by `build.rs`.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xina"));
@@ -82,6 +87,18 @@ pub enum Error {
     JobExists(u32),
     #[error("job {0} is not installed")]
     NoSuchJob(u32),
+    #[error("program {0} is not loaded by this process (the switch was opened from its pins)")]
+    NotLoadedHere(&'static str),
+    #[error("a switch is already up at {} (`xina switch down` removes it)", dir.display())]
+    AlreadyUp { dir: PathBuf },
+    #[error("no switch is up at {} (`xina switch up` starts one)", dir.display())]
+    NotUp { dir: PathBuf },
+    #[error("{what}")]
+    Pin {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("test run of {name}")]
     TestRun {
         name: &'static str,
@@ -143,6 +160,25 @@ impl Mode {
             Self::ReduceScatter => mode::REDUCE_SCATTER,
         }
     }
+
+    /// The mode with this stored value.
+    pub const fn from_wire(v: u8) -> Option<Self> {
+        Some(match v {
+            mode::ALLREDUCE => Self::Allreduce,
+            mode::REDUCE => Self::Reduce,
+            mode::REDUCE_SCATTER => Self::ReduceScatter,
+            _ => return None,
+        })
+    }
+
+    /// The name used in job files and by `xina job`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Allreduce => "allreduce",
+            Self::Reduce => "reduce",
+            Self::ReduceScatter => "reduce-scatter",
+        }
+    }
 }
 
 /// A job, resolved to what the dataplane stores.
@@ -165,7 +201,29 @@ pub struct Port {
     pub name: String,
     pub ifindex: u32,
     pub mode: XdpMode,
-    link: XdpLinkId,
+    /// Its index in the `PORTS` devmap and the `PORT_COUNTERS` array.
+    pub index: u32,
+    link: PortLink,
+}
+
+impl Port {
+    /// Where the port's link is pinned, on a pinned switch.
+    pub fn link_pin(&self) -> Option<&std::path::Path> {
+        match &self.link {
+            PortLink::Pinned(p) if !p.as_os_str().is_empty() => Some(p),
+            _ => None,
+        }
+    }
+}
+
+/// What keeps a port's XDP program attached.
+#[derive(Debug)]
+enum PortLink {
+    /// A link owned by this process's program: dropping the dataplane
+    /// detaches it.
+    Owned(XdpLinkId),
+    /// A link pinned at this path: it stays attached without any process.
+    Pinned(PathBuf),
 }
 
 /// Counters summed over CPUs.
@@ -228,15 +286,28 @@ pub struct TestOutput {
 pub type Logger = aya_log::EbpfLogger<&'static dyn log::Log>;
 
 /// The loaded xina dataplane.
+///
+/// Either loaded by this process ([`Dataplane::load`]: the programs detach
+/// when it is dropped; or [`Dataplane::load_pinned`]: maps, programs and
+/// links are pinned and outlive the process), or opened from the pins a
+/// switch left ([`Dataplane::open`]): the same maps, so the same jobs,
+/// slots and counters, without loading anything.
 pub struct Dataplane {
-    ebpf: Ebpf,
+    /// The loaded programs; `None` when opened from pins.
+    programs: Option<Ebpf>,
+    maps: Maps,
     ports: Vec<Port>,
     jobs: BTreeMap<u32, JobSpec>,
     /// Each installed job's block in `JOB_COUNTERS`.
     job_counters: BTreeMap<u32, u16>,
     slot_pool: u32,
     logger: Option<Logger>,
+    /// Where the switch is pinned, if it is.
+    pins: Option<PinDir>,
 }
+
+/// The dataplane's maps by name.
+type Maps = BTreeMap<String, aya::maps::Map>;
 
 impl std::fmt::Debug for Dataplane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -244,12 +315,14 @@ impl std::fmt::Debug for Dataplane {
             .field("ports", &self.ports)
             .field("jobs", &self.jobs.keys())
             .field("slot_pool", &self.slot_pool)
+            .field("pins", &self.pins)
             .finish_non_exhaustive()
     }
 }
 
 impl Dataplane {
-    /// Loads the programs and creates the maps; attaches nothing.
+    /// Loads the programs and creates the maps; attaches nothing. Ports
+    /// attached later are detached when the dataplane is dropped.
     ///
     /// # Errors
     /// When the kernel refuses the object (no BPF rights, verifier).
@@ -271,6 +344,7 @@ impl Dataplane {
             programs::EGRESS_TEST,
             programs::DROP,
         ];
+        let mut ebpf = Some(ebpf);
         for name in names.into_iter().chain(programs::AGGREGATE) {
             xdp_mut(&mut ebpf, name)?
                 .load()
@@ -280,22 +354,19 @@ impl Dataplane {
                     source,
                 })?;
         }
+        let mut maps = Maps::new();
+        if let Some(loaded) = ebpf.as_mut() {
+            let map_names: Vec<String> = loaded.maps().map(|(n, _)| n.to_owned()).collect();
+            for name in map_names {
+                if let Some(map) = loaded.take_map(&name) {
+                    maps.insert(name, map);
+                }
+            }
+        }
         // The aggregation programs `xina_switch` tail-calls, by index.
         for (index, name) in (0u32..).zip(programs::AGGREGATE) {
-            let fd = xdp_mut(&mut ebpf, name)?
-                .fd()
-                .map_err(|source| Error::Program {
-                    name,
-                    what: "fd",
-                    source,
-                })?
-                .try_clone()
-                .map_err(|e| Error::Program {
-                    name,
-                    what: "fd",
-                    source: ProgramError::IOError(e),
-                })?;
-            let mut array: ProgramArray<&mut MapData> = map_mut(&mut ebpf, names::AGGREGATE)?;
+            let fd = program_fd(&mut ebpf, name)?;
+            let mut array: ProgramArray<&mut MapData> = map_mut(&mut maps, names::AGGREGATE)?;
             array.set(index, &fd, 0).map_err(|source| Error::Map {
                 name: names::AGGREGATE,
                 what: format!("entry {index} ({name})"),
@@ -303,13 +374,227 @@ impl Dataplane {
             })?;
         }
         Ok(Self {
-            ebpf,
+            programs: ebpf,
+            maps,
             ports: Vec::new(),
             jobs: BTreeMap::new(),
             job_counters: BTreeMap::new(),
             slot_pool: opts.slot_pool,
             logger,
+            pins: None,
         })
+    }
+
+    /// Loads the dataplane like [`Self::load`] and pins its maps and its
+    /// switch and egress programs under `dir`; ports attached later are
+    /// pinned links. The switch then lives without any process until
+    /// [`Self::destroy`] (or [`crate::pin::remove`]) removes the pins.
+    ///
+    /// # Errors
+    /// [`Error::AlreadyUp`] when `dir` exists; load and pin failures (then
+    /// nothing stays pinned).
+    pub fn load_pinned(opts: LoadOptions, dir: &PinDir) -> Result<Self, Error> {
+        if dir.exists() {
+            return Err(Error::AlreadyUp {
+                dir: dir.path().to_owned(),
+            });
+        }
+        let mut dp = Self::load(opts)?;
+        let pinned = dp.pin_to(dir);
+        if let Err(e) = pinned {
+            if let Err(rm) = pin::remove(dir) {
+                log::warn!("removing {}: {rm}", dir.path().display());
+            }
+            return Err(e);
+        }
+        dp.pins = Some(dir.clone());
+        Ok(dp)
+    }
+
+    fn pin_to(&mut self, dir: &PinDir) -> Result<(), Error> {
+        let io = |what: String| move |source| Error::Pin { what, source };
+        for sub in [dir.maps(), dir.links(), dir.progs()] {
+            std::fs::create_dir_all(&sub).map_err(io(format!("creating {}", sub.display())))?;
+        }
+        for name in pin::MAPS {
+            let map = self.maps.get(name).ok_or(Error::MissingMap(name))?;
+            let path = dir.map(name);
+            map.pin(&path).map_err(|e| Error::Pin {
+                what: format!("pinning map {name} at {}", path.display()),
+                source: std::io::Error::other(e),
+            })?;
+        }
+        for name in pin::PROGRAMS {
+            let path = dir.prog(name);
+            xdp_mut(&mut self.programs, name)?
+                .pin(&path)
+                .map_err(|e| Error::Pin {
+                    what: format!("pinning program {name} at {}", path.display()),
+                    source: std::io::Error::other(e),
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Opens the switch pinned under `dir`: its maps, its ports (from the
+    /// `PORT_INDEX` map and the pinned links) and its jobs (from the `JOBS`
+    /// and `MEMBERS` maps). Loads nothing: the `test_run_*` methods and
+    /// [`Self::attach`] are not available on the result; dropping it leaves
+    /// the switch as it is.
+    ///
+    /// # Errors
+    /// [`Error::NotUp`] when `dir` does not exist; a pin or map entry that
+    /// cannot be read.
+    pub fn open(dir: &PinDir) -> Result<Self, Error> {
+        if !dir.exists() {
+            return Err(Error::NotUp {
+                dir: dir.path().to_owned(),
+            });
+        }
+        let mut maps = Maps::new();
+        let mut slot_pool = 0;
+        for name in pin::MAPS {
+            let path = dir.map(name);
+            let data = MapData::from_pin(&path).map_err(|source| Error::Map {
+                name,
+                what: format!("opening pin {}", path.display()),
+                source,
+            })?;
+            if name == names::SLOTS {
+                let info = data.info().map_err(|source| Error::Map {
+                    name,
+                    what: "info".to_owned(),
+                    source,
+                })?;
+                slot_pool = info.max_entries() / 2;
+            }
+            let map = aya::maps::Map::from_map_data(data).map_err(|source| Error::Map {
+                name,
+                what: "type".to_owned(),
+                source,
+            })?;
+            maps.insert(name.to_owned(), map);
+        }
+        let mut dp = Self {
+            programs: None,
+            maps,
+            ports: Vec::new(),
+            jobs: BTreeMap::new(),
+            job_counters: BTreeMap::new(),
+            slot_pool,
+            logger: None,
+            pins: Some(dir.clone()),
+        };
+        dp.read_ports(dir)?;
+        dp.read_jobs()?;
+        Ok(dp)
+    }
+
+    fn read_ports(&mut self, dir: &PinDir) -> Result<(), Error> {
+        let links = dir.link_pins().map_err(|source| Error::Pin {
+            what: format!("listing {}", dir.links().display()),
+            source,
+        })?;
+        let by_ifindex: HashMap<&MapData, u32, u32> = map_ref(&self.maps, names::PORT_INDEX)?;
+        for item in &by_ifindex {
+            let (ifindex, index) = item.map_err(|source| Error::Map {
+                name: names::PORT_INDEX,
+                what: "iterating".to_owned(),
+                source,
+            })?;
+            let name = crate::netdev::name(ifindex).unwrap_or_else(|| format!("ifindex {ifindex}"));
+            let (mode, path) = links
+                .iter()
+                .find(|l| l.ifname == name)
+                .map_or((XdpMode::default(), PathBuf::new()), |l| {
+                    (l.mode, l.path.clone())
+                });
+            self.ports.push(Port {
+                name,
+                ifindex,
+                mode,
+                index,
+                link: PortLink::Pinned(path),
+            });
+        }
+        self.ports.sort_by_key(|p| p.index);
+        Ok(())
+    }
+
+    fn read_jobs(&mut self) -> Result<(), Error> {
+        let jobs: HashMap<&MapData, u32, Job> = map_ref(&self.maps, names::JOBS)?;
+        let members: HashMap<&MapData, MemberKey, Member> = map_ref(&self.maps, names::MEMBERS)?;
+        let mut out = Vec::new();
+        for item in &jobs {
+            let (id, job) = item.map_err(|source| Error::Map {
+                name: names::JOBS,
+                what: "iterating".to_owned(),
+                source,
+            })?;
+            let bad = |what: String| Error::Job { job: id, what };
+            let op = Op::from_u8(job.op).ok_or_else(|| bad(format!("pinned op {}", job.op)))?;
+            let dtype = DType::from_u8(job.dtype)
+                .ok_or_else(|| bad(format!("pinned dtype {}", job.dtype)))?;
+            let mode = Mode::from_wire(job.mode)
+                .ok_or_else(|| bad(format!("pinned mode {}", job.mode)))?;
+            let mut specs = Vec::with_capacity(usize::from(job.fan_in));
+            for rank in 0..u32::from(job.fan_in) {
+                let m = members
+                    .get(&MemberKey { job: id, rank }, 0)
+                    .map_err(|source| Error::Map {
+                        name: names::MEMBERS,
+                        what: format!("job {id} rank {rank}"),
+                        source,
+                    })?;
+                specs.push(MemberSpec {
+                    rank: u8::try_from(rank).expect("fan_in is a u8"),
+                    ip: Ipv4Addr::from(m.ip),
+                    udp_port: u16::from_be_bytes(m.port),
+                    mac: m.mac,
+                    ifindex: m.ifindex,
+                    port_mac: m.port_mac,
+                });
+            }
+            out.push((
+                JobSpec {
+                    id,
+                    op,
+                    dtype,
+                    mode,
+                    elems_per_packet: job.elems,
+                    slot_base: job.slot_base,
+                    slot_count: job.slot_count,
+                    members: specs,
+                },
+                job.counters,
+            ));
+        }
+        for (spec, counters) in out {
+            self.job_counters.insert(spec.id, counters);
+            self.jobs.insert(spec.id, spec);
+        }
+        Ok(())
+    }
+
+    /// Where this switch is pinned, if it is.
+    pub fn pins(&self) -> Option<&PinDir> {
+        self.pins.as_ref()
+    }
+
+    /// Detaches every port and removes the switch's pins: nothing of it
+    /// stays in the kernel once this process lets go of it.
+    ///
+    /// # Errors
+    /// When a pin cannot be removed (the rest are still removed).
+    pub fn destroy(mut self) -> Result<(), Error> {
+        self.detach_all();
+        match self.pins.take() {
+            Some(dir) => pin::remove(&dir).map(drop).map_err(|source| Error::Pin {
+                what: format!("removing {}", dir.path().display()),
+                source,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// The reader of the dataplane's log records, when loaded with `debug`.
@@ -333,8 +618,14 @@ impl Dataplane {
         self.jobs.values()
     }
 
+    /// Installed job `id`.
+    pub fn job(&self, id: u32) -> Option<&JobSpec> {
+        self.jobs.get(&id)
+    }
+
     /// Makes `ifname` a switch port: attaches the ingress program and adds
-    /// the port, with the egress program, to the broadcast devmap.
+    /// the port, with the egress program, to the broadcast devmap. On a
+    /// pinned dataplane the link is pinned too.
     ///
     /// # Errors
     /// Unknown interface, already attached, too many ports, attach failure.
@@ -342,26 +633,14 @@ impl Dataplane {
         if self.ports.iter().any(|p| p.name == ifname) {
             return Err(Error::AlreadyAttached(ifname.to_owned()));
         }
-        let index = u32::try_from(self.ports.len()).map_err(|_| Error::TooManyPorts)?;
-        if index >= MAX_PORTS {
-            return Err(Error::TooManyPorts);
-        }
+        // The lowest free devmap index.
+        let index = (0u32..MAX_PORTS)
+            .find(|i| self.ports.iter().all(|p| p.index != *i))
+            .ok_or(Error::TooManyPorts)?;
         let ifindex = crate::netdev::ifindex(ifname)
             .ok_or_else(|| Error::UnknownInterface(ifname.to_owned()))?;
-        let egress_fd = xdp_mut(&mut self.ebpf, programs::EGRESS)?
-            .fd()
-            .map_err(|source| Error::Program {
-                name: programs::EGRESS,
-                what: "fd",
-                source,
-            })?
-            .try_clone()
-            .map_err(|e| Error::Program {
-                name: programs::EGRESS,
-                what: "fd",
-                source: ProgramError::IOError(e),
-            })?;
-        let mut ports: DevMap<&mut MapData> = map_mut(&mut self.ebpf, names::PORTS)?;
+        let egress_fd = program_fd(&mut self.programs, programs::EGRESS)?;
+        let mut ports: DevMap<&mut MapData> = map_mut(&mut self.maps, names::PORTS)?;
         ports
             .set(index, ifindex, Some(&egress_fd), 0)
             .map_err(|source| Error::Port {
@@ -371,7 +650,7 @@ impl Dataplane {
         self.reset_counter_block(names::PORT_COUNTERS, index)?;
         {
             let mut by_ifindex: HashMap<&mut MapData, u32, u32> =
-                map_mut(&mut self.ebpf, names::PORT_INDEX)?;
+                map_mut(&mut self.maps, names::PORT_INDEX)?;
             by_ifindex
                 .insert(ifindex, index, 0)
                 .map_err(|source| Error::Map {
@@ -380,52 +659,99 @@ impl Dataplane {
                     source,
                 })?;
         }
-        let attached = xdp_mut(&mut self.ebpf, programs::SWITCH)?.attach_to_if_index(ifindex, mode);
+        let attached = self.attach_link(ifname, ifindex, mode);
         let link = match attached {
             Ok(link) => link,
-            Err(source) => {
+            Err(e) => {
                 // Leave the maps as they were: the port does not exist.
                 self.clear_port_slot(index, ifindex);
-                return Err(Error::Attach {
-                    ifname: ifname.to_owned(),
-                    mode,
-                    source,
-                });
+                return Err(e);
             }
         };
         self.ports.push(Port {
             name: ifname.to_owned(),
             ifindex,
             mode,
+            index,
             link,
         });
         Ok(self.ports.last().expect("just pushed"))
     }
 
+    fn attach_link(
+        &mut self,
+        ifname: &str,
+        ifindex: u32,
+        mode: XdpMode,
+    ) -> Result<PortLink, Error> {
+        let prog = xdp_mut(&mut self.programs, programs::SWITCH)?;
+        let id = prog
+            .attach_to_if_index(ifindex, mode)
+            .map_err(|source| Error::Attach {
+                ifname: ifname.to_owned(),
+                mode,
+                source,
+            })?;
+        let Some(dir) = &self.pins else {
+            return Ok(PortLink::Owned(id));
+        };
+        let path = dir.link(ifname, mode);
+        let pinned = prog
+            .take_link(id)
+            .map_err(|source| Error::Attach {
+                ifname: ifname.to_owned(),
+                mode,
+                source,
+            })
+            .and_then(|link| {
+                FdLink::try_from(link).map_err(|e| Error::Pin {
+                    what: format!("{ifname}: the XDP attachment is not a bpf_link ({e})"),
+                    source: std::io::Error::other(e),
+                })
+            })
+            .and_then(|link| {
+                link.pin(&path).map_err(|e| Error::Pin {
+                    what: format!("pinning the link of {ifname} at {}", path.display()),
+                    source: std::io::Error::other(e),
+                })
+            });
+        // On error the link was dropped, which detached it.
+        pinned.map(|_| PortLink::Pinned(path))
+    }
+
     fn clear_port_slot(&mut self, index: u32, ifindex: u32) {
-        if let Ok(mut ports) = map_mut::<DevMap<&mut MapData>>(&mut self.ebpf, names::PORTS) {
+        if let Ok(mut ports) = map_mut::<DevMap<&mut MapData>>(&mut self.maps, names::PORTS) {
             // An entry with ifindex 0 is what an unused devmap slot holds;
             // the broadcast skips it.
             let _ = ports.set(index, 0, None, 0);
         }
         if let Ok(mut by_ifindex) =
-            map_mut::<HashMap<&mut MapData, u32, u32>>(&mut self.ebpf, names::PORT_INDEX)
+            map_mut::<HashMap<&mut MapData, u32, u32>>(&mut self.maps, names::PORT_INDEX)
         {
             let _ = by_ifindex.remove(&ifindex);
         }
     }
 
-    /// Detaches every port. Also done on drop.
+    /// Detaches every port (removing pinned links). Also done on drop of a
+    /// dataplane that is not pinned.
     pub fn detach_all(&mut self) {
         let ports = std::mem::take(&mut self.ports);
-        for (index, port) in ports.into_iter().enumerate().rev() {
-            if let Ok(prog) = xdp_mut(&mut self.ebpf, programs::SWITCH)
-                && let Err(e) = prog.detach(port.link)
-            {
-                log::warn!("detaching from {}: {e}", port.name);
+        for port in ports.into_iter().rev() {
+            match port.link {
+                PortLink::Owned(id) => {
+                    if let Ok(prog) = xdp_mut(&mut self.programs, programs::SWITCH)
+                        && let Err(e) = prog.detach(id)
+                    {
+                        log::warn!("detaching from {}: {e}", port.name);
+                    }
+                }
+                PortLink::Pinned(path) => {
+                    if let Err(e) = pin::unpin_link(&path) {
+                        log::warn!("detaching from {}: {e}", port.name);
+                    }
+                }
             }
-            let index = u32::try_from(index).expect("at most MAX_PORTS ports");
-            self.clear_port_slot(index, port.ifindex);
+            self.clear_port_slot(port.index, port.ifindex);
         }
     }
 
@@ -441,7 +767,7 @@ impl Dataplane {
         let cpus = aya::util::nr_cpus().map_err(|(what, e)| invalid(format!("{what}: {e}")))?;
         let zero = PerCpuValues::try_from(vec![[0u64; Counter::COUNT]; cpus])
             .map_err(|e| invalid(format!("per-CPU values: {e}")))?;
-        let mut map: PerCpuArray<&mut MapData, CounterBlock> = map_mut(&mut self.ebpf, name)?;
+        let mut map: PerCpuArray<&mut MapData, CounterBlock> = map_mut(&mut self.maps, name)?;
         map.set(index, zero, 0).map_err(|source| Error::Map {
             name,
             what: format!("entry {index}"),
@@ -450,7 +776,7 @@ impl Dataplane {
     }
 
     fn counter_block(&self, name: &'static str, index: u32) -> Result<Counters, Error> {
-        let map: PerCpuArray<&MapData, CounterBlock> = map_ref(&self.ebpf, name)?;
+        let map: PerCpuArray<&MapData, CounterBlock> = map_ref(&self.maps, name)?;
         let values = map.get(&index, 0).map_err(|source| Error::Map {
             name,
             what: format!("reading entry {index}"),
@@ -467,8 +793,10 @@ impl Dataplane {
 
     /// The `PORTS` (and `PORT_COUNTERS`) index of the port with this ifindex.
     pub fn port_index(&self, ifindex: u32) -> Option<u32> {
-        let i = self.ports.iter().position(|p| p.ifindex == ifindex)?;
-        Some(u32::try_from(i).expect("at most MAX_PORTS ports"))
+        self.ports
+            .iter()
+            .find(|p| p.ifindex == ifindex)
+            .map(|p| p.index)
     }
 
     /// The counters of installed job `id`, summed over CPUs.
@@ -580,7 +908,7 @@ impl Dataplane {
         let map_err =
             |name: &'static str, what: String| move |source| Error::Map { name, what, source };
         {
-            let mut slots: Array<&mut MapData, Slot> = map_mut(&mut self.ebpf, names::SLOTS)?;
+            let mut slots: Array<&mut MapData, Slot> = map_mut(&mut self.maps, names::SLOTS)?;
             let empty = Slot::default();
             for i in 2 * job.slot_base..2 * (job.slot_base + job.slot_count) {
                 slots
@@ -590,7 +918,7 @@ impl Dataplane {
         }
         {
             let mut members: HashMap<&mut MapData, MemberKey, Member> =
-                map_mut(&mut self.ebpf, names::MEMBERS)?;
+                map_mut(&mut self.maps, names::MEMBERS)?;
             for m in &job.members {
                 let key = MemberKey {
                     job: job.id,
@@ -606,7 +934,7 @@ impl Dataplane {
         }
         {
             let mut by_port: HashMap<&mut MapData, PortKey, Member> =
-                map_mut(&mut self.ebpf, names::PORT_MEMBERS)?;
+                map_mut(&mut self.maps, names::PORT_MEMBERS)?;
             for m in &job.members {
                 let key = PortKey {
                     job: job.id,
@@ -638,7 +966,7 @@ impl Dataplane {
         };
         self.reset_counter_block(names::JOB_COUNTERS, u32::from(counters))?;
         // The job entry goes last: until it exists, no packet reaches the slots.
-        let mut jobs: HashMap<&mut MapData, u32, Job> = map_mut(&mut self.ebpf, names::JOBS)?;
+        let mut jobs: HashMap<&mut MapData, u32, Job> = map_mut(&mut self.maps, names::JOBS)?;
         jobs.insert(job.id, value, 0)
             .map_err(map_err(names::JOBS, format!("job {}", job.id)))
     }
@@ -646,12 +974,12 @@ impl Dataplane {
     /// Removes whatever the dataplane holds of `job` (ignoring absent entries).
     fn erase_job(&mut self, job: &JobSpec) {
         if let Ok(mut jobs) =
-            map_mut::<HashMap<&mut MapData, u32, Job>>(&mut self.ebpf, names::JOBS)
+            map_mut::<HashMap<&mut MapData, u32, Job>>(&mut self.maps, names::JOBS)
         {
             let _ = jobs.remove(&job.id);
         }
         if let Ok(mut members) =
-            map_mut::<HashMap<&mut MapData, MemberKey, Member>>(&mut self.ebpf, names::MEMBERS)
+            map_mut::<HashMap<&mut MapData, MemberKey, Member>>(&mut self.maps, names::MEMBERS)
         {
             for m in &job.members {
                 let _ = members.remove(&MemberKey {
@@ -661,7 +989,7 @@ impl Dataplane {
             }
         }
         if let Ok(mut by_port) =
-            map_mut::<HashMap<&mut MapData, PortKey, Member>>(&mut self.ebpf, names::PORT_MEMBERS)
+            map_mut::<HashMap<&mut MapData, PortKey, Member>>(&mut self.maps, names::PORT_MEMBERS)
         {
             for m in &job.members {
                 let _ = by_port.remove(&PortKey {
@@ -688,7 +1016,7 @@ impl Dataplane {
     /// # Errors
     /// When the map cannot be read.
     pub fn counters(&self) -> Result<Counters, Error> {
-        let map: PerCpuArray<&MapData, u64> = map_ref(&self.ebpf, names::COUNTERS)?;
+        let map: PerCpuArray<&MapData, u64> = map_ref(&self.maps, names::COUNTERS)?;
         let mut out = Counters::default();
         for c in Counter::ALL {
             let values = map.get(&(c as u32), 0).map_err(|source| Error::Map {
@@ -706,7 +1034,7 @@ impl Dataplane {
     /// # Errors
     /// When the index is outside the pool.
     pub fn slot(&self, slot: u32, version: bool) -> Result<Slot, Error> {
-        let map: Array<&MapData, Slot> = map_ref(&self.ebpf, names::SLOTS)?;
+        let map: Array<&MapData, Slot> = map_ref(&self.maps, names::SLOTS)?;
         let index = 2 * slot + u32::from(version);
         map.get(&index, 0).map_err(|source| Error::Map {
             name: names::SLOTS,
@@ -727,7 +1055,7 @@ impl Dataplane {
         ingress_ifindex: u32,
     ) -> Result<TestOutput, Error> {
         run(
-            xdp_mut(&mut self.ebpf, programs::SWITCH)?,
+            xdp_mut(&mut self.programs, programs::SWITCH)?,
             programs::SWITCH,
             frame,
             ingress_ifindex,
@@ -745,7 +1073,7 @@ impl Dataplane {
         repeat: u32,
     ) -> Result<(TestOutput, std::time::Duration), Error> {
         run_timed(
-            xdp_mut(&mut self.ebpf, programs::DROP)?,
+            xdp_mut(&mut self.programs, programs::DROP)?,
             programs::DROP,
             frame,
             0,
@@ -765,7 +1093,7 @@ impl Dataplane {
         repeat: u32,
     ) -> Result<(TestOutput, std::time::Duration), Error> {
         run_timed(
-            xdp_mut(&mut self.ebpf, programs::SWITCH)?,
+            xdp_mut(&mut self.programs, programs::SWITCH)?,
             programs::SWITCH,
             frame,
             0,
@@ -785,7 +1113,7 @@ impl Dataplane {
     ) -> Result<TestOutput, Error> {
         {
             let mut m: Array<&mut MapData, u32> =
-                map_mut(&mut self.ebpf, names::TEST_EGRESS_IFINDEX)?;
+                map_mut(&mut self.maps, names::TEST_EGRESS_IFINDEX)?;
             m.set(0, egress_ifindex, 0).map_err(|source| Error::Map {
                 name: names::TEST_EGRESS_IFINDEX,
                 what: "set".to_owned(),
@@ -793,7 +1121,7 @@ impl Dataplane {
             })?;
         }
         run(
-            xdp_mut(&mut self.ebpf, programs::EGRESS_TEST)?,
+            xdp_mut(&mut self.programs, programs::EGRESS_TEST)?,
             programs::EGRESS_TEST,
             frame,
             0,
@@ -802,18 +1130,34 @@ impl Dataplane {
 }
 
 impl Drop for Dataplane {
+    /// Detaches the ports of a dataplane that is not pinned; a pinned one
+    /// stays as it is.
     fn drop(&mut self) {
-        self.detach_all();
+        if self.pins.is_none() {
+            self.detach_all();
+        }
     }
+}
+
+/// A clone of the descriptor of loaded program `name`.
+fn program_fd(ebpf: &mut Option<Ebpf>, name: &'static str) -> Result<ProgramFd, Error> {
+    let fd = xdp_mut(ebpf, name)?.fd().map_err(|source| Error::Program {
+        name,
+        what: "fd",
+        source,
+    })?;
+    fd.try_clone().map_err(|e| Error::Program {
+        name,
+        what: "fd",
+        source: ProgramError::IOError(e),
+    })
 }
 
 fn member_value(m: &MemberSpec, ports: &[Port]) -> Member {
     let port_index = ports
         .iter()
-        .position(|p| p.ifindex == m.ifindex)
-        .map_or(NO_PORT_INDEX, |i| {
-            u32::try_from(i).expect("at most MAX_PORTS ports")
-        });
+        .find(|p| p.ifindex == m.ifindex)
+        .map_or(NO_PORT_INDEX, |p| p.index);
     Member {
         ip: m.ip.octets(),
         port: m.udp_port.to_be_bytes(),
@@ -868,8 +1212,10 @@ fn run_timed(
     ))
 }
 
-fn xdp_mut<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp, Error> {
-    ebpf.program_mut(name)
+fn xdp_mut<'a>(ebpf: &'a mut Option<Ebpf>, name: &'static str) -> Result<&'a mut Xdp, Error> {
+    ebpf.as_mut()
+        .ok_or(Error::NotLoadedHere(name))?
+        .program_mut(name)
         .ok_or(Error::MissingProgram(name))?
         .try_into()
         .map_err(|source| Error::Program {
@@ -879,11 +1225,11 @@ fn xdp_mut<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp, Er
         })
 }
 
-fn map_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<T, Error>
+fn map_mut<'a, T>(maps: &'a mut Maps, name: &'static str) -> Result<T, Error>
 where
     T: TryFrom<&'a mut aya::maps::Map, Error = aya::maps::MapError>,
 {
-    let map = ebpf.map_mut(name).ok_or(Error::MissingMap(name))?;
+    let map = maps.get_mut(name).ok_or(Error::MissingMap(name))?;
     T::try_from(map).map_err(|source| Error::Map {
         name,
         what: "type".to_owned(),
@@ -891,11 +1237,11 @@ where
     })
 }
 
-fn map_ref<'a, T>(ebpf: &'a Ebpf, name: &'static str) -> Result<T, Error>
+fn map_ref<'a, T>(maps: &'a Maps, name: &'static str) -> Result<T, Error>
 where
     T: TryFrom<&'a aya::maps::Map, Error = aya::maps::MapError>,
 {
-    let map = ebpf.map(name).ok_or(Error::MissingMap(name))?;
+    let map = maps.get(name).ok_or(Error::MissingMap(name))?;
     T::try_from(map).map_err(|source| Error::Map {
         name,
         what: "type".to_owned(),

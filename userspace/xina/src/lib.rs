@@ -10,9 +10,11 @@
 //! - [`netdev`]: interface lookups in the caller's network namespace.
 
 pub mod config;
+pub mod control;
 pub mod dataplane;
 pub mod frame;
 pub mod netdev;
+pub mod pin;
 pub mod stats;
 pub mod switch;
 

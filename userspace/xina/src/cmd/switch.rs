@@ -1,0 +1,138 @@
+//! `xina switch up|down|status`: a pinned switch's life cycle.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use xina::{config::XdpModeName, control, pin};
+
+use super::Global;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Attach the dataplane to the configured ports, install the file's
+    /// jobs, pin everything and return: the switch runs on without any process.
+    Up(UpArgs),
+    /// Detach from every port and remove every pin of the switch.
+    Down,
+    /// Show what is attached where (with link and program ids), the slot
+    /// pool and the installed jobs.
+    Status {
+        /// Print JSON (fields documented in the README).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// The switch configuration file (TOML).
+    #[arg(short, long)]
+    config: PathBuf,
+    /// Force native (driver) or generic (skb) XDP instead of the file's
+    /// `xdp_mode` (default auto: native where the driver supports it).
+    #[arg(long, value_enum)]
+    xdp_mode: Option<Mode>,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Mode {
+    Auto,
+    Native,
+    Generic,
+}
+
+pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
+    let dir = global.pin_dir()?;
+    match cmd {
+        Command::Up(args) => {
+            let config = super::load_config(&args.config)?;
+            let mode = args.xdp_mode.map(|m| match m {
+                Mode::Auto => XdpModeName::Auto,
+                Mode::Native => XdpModeName::Native,
+                Mode::Generic => XdpModeName::Generic,
+            });
+            let dp = control::up(&config, &dir, mode)
+                .with_context(|| format!("switch {}", dir.name()))?;
+            for p in dp.ports() {
+                println!(
+                    "port {} (ifindex {}) attached, {} XDP",
+                    p.name,
+                    p.ifindex,
+                    pin::mode_name(p.mode)
+                );
+            }
+            for j in dp.jobs() {
+                println!(
+                    "job {} installed: {} ranks, slots {}..{}",
+                    j.id,
+                    j.members.len(),
+                    j.slot_base,
+                    j.slot_base + j.slot_count
+                );
+            }
+            println!(
+                "switch {} is up, pinned at {}",
+                dir.name(),
+                dir.path().display()
+            );
+            Ok(())
+        }
+        Command::Down => {
+            let removed = control::down(&dir).with_context(|| format!("switch {}", dir.name()))?;
+            println!(
+                "switch {} is down: detached from {}",
+                dir.name(),
+                if removed.links.is_empty() {
+                    "no port".to_owned()
+                } else {
+                    removed.links.join(", ")
+                }
+            );
+            Ok(())
+        }
+        Command::Status { json } => {
+            let sw = control::open(&dir).with_context(|| format!("switch {}", dir.name()))?;
+            let status = control::status(&sw.dp, &dir);
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+                return Ok(());
+            }
+            println!("switch {} ({})", status.name, status.pin_dir);
+            println!(
+                "slots: {} of {} allocated; jobs: {}",
+                status.slots_used,
+                status.slot_pool,
+                if status.jobs.is_empty() {
+                    "none".to_owned()
+                } else {
+                    status
+                        .jobs
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            );
+            for (name, id) in &status.programs {
+                println!("program {name}: id {id}");
+            }
+            println!(
+                "{:<16}{:>8}{:>7}{:>9}{:>9}{:>9}",
+                "port", "ifindex", "index", "mode", "link", "prog"
+            );
+            let id = |v: Option<u32>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+            for p in &status.ports {
+                println!(
+                    "{:<16}{:>8}{:>7}{:>9}{:>9}{:>9}",
+                    p.name,
+                    p.ifindex,
+                    p.index,
+                    p.mode,
+                    id(p.link_id),
+                    id(p.prog_id)
+                );
+            }
+            Ok(())
+        }
+    }
+}
