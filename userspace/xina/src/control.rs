@@ -398,3 +398,74 @@ pub fn stats(dp: &Dataplane) -> Result<Stats, dataplane::Error> {
         ports,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::{allocate_slots, largest_free};
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        Add(u32),
+        /// Removes the installed job at this index (modulo their number).
+        Remove(usize),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (1u32..40).prop_map(Step::Add),
+            any::<usize>().prop_map(Step::Remove),
+        ]
+    }
+
+    proptest! {
+        /// Random add/remove sequences never give two jobs overlapping
+        /// slots, never place one outside the pool, refuse only when no
+        /// free range is large enough, and leak nothing: once every job is
+        /// removed the whole pool can be allocated again.
+        #[test]
+        fn allocation_never_overlaps_or_leaks(
+            pool in 1u32..200,
+            steps in proptest::collection::vec(step(), 1..80),
+        ) {
+            let mut jobs: Vec<(u32, u32)> = Vec::new();
+            for s in steps {
+                match s {
+                    Step::Add(count) => match allocate_slots(&jobs, pool, count) {
+                        Some(base) => {
+                            prop_assert!(base + count <= pool);
+                            for &(b, c) in &jobs {
+                                prop_assert!(base + count <= b || b + c <= base,
+                                    "{base}+{count} overlaps {b}+{c}");
+                            }
+                            jobs.push((base, count));
+                        }
+                        None => prop_assert!(largest_free(&jobs, pool) < count),
+                    },
+                    Step::Remove(i) if !jobs.is_empty() => {
+                        let i = i % jobs.len();
+                        jobs.swap_remove(i);
+                    }
+                    Step::Remove(_) => {}
+                }
+                let used: u32 = jobs.iter().map(|j| j.1).sum();
+                prop_assert!(largest_free(&jobs, pool) <= pool - used);
+            }
+            jobs.clear();
+            prop_assert_eq!(allocate_slots(&jobs, pool, pool), Some(0));
+        }
+    }
+
+    #[test]
+    fn first_fit_examples() {
+        assert_eq!(allocate_slots(&[], 10, 10), Some(0));
+        assert_eq!(allocate_slots(&[], 10, 11), None);
+        assert_eq!(allocate_slots(&[], 10, 0), None);
+        assert_eq!(allocate_slots(&[(0, 4), (6, 4)], 10, 2), Some(4));
+        assert_eq!(allocate_slots(&[(6, 4), (0, 4)], 10, 3), None);
+        assert_eq!(allocate_slots(&[(2, 2)], 10, 2), Some(0));
+        assert_eq!(largest_free(&[(2, 2), (6, 1)], 10), 3);
+        assert_eq!(largest_free(&[], 7), 7);
+    }
+}

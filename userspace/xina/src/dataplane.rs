@@ -81,6 +81,11 @@ pub enum Error {
         #[source]
         source: ProgramError,
     },
+    #[error(
+        "interface {0} already has an XDP program (another xina switch, or another tool: \
+         `ip link show {0}`, `xina switch status`); xina does not replace it"
+    )]
+    Busy(String),
     #[error("job {job}: {what}")]
     Job { job: u32, what: String },
     #[error("job {0} is already installed")]
@@ -262,6 +267,20 @@ impl Counters {
             .map(|c| (c.name(), self.get(*c)))
             .collect()
     }
+}
+
+/// The contents of the dataplane's tables ([`Dataplane::dump`]), sorted by key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dump {
+    pub jobs: Vec<(u32, Job)>,
+    /// By (job, rank).
+    pub members: Vec<((u32, u32), Member)>,
+    /// By (job, ifindex).
+    pub port_members: Vec<((u32, u32), Member)>,
+    /// ifindex → `PORTS` index.
+    pub port_index: Vec<(u32, u32)>,
+    /// Every slot copy.
+    pub slots: Vec<Slot>,
 }
 
 /// The kernel's `enum xdp_action` values, as [`TestOutput::action`] holds them.
@@ -685,13 +704,19 @@ impl Dataplane {
         mode: XdpMode,
     ) -> Result<PortLink, Error> {
         let prog = xdp_mut(&mut self.programs, programs::SWITCH)?;
-        let id = prog
-            .attach_to_if_index(ifindex, mode)
-            .map_err(|source| Error::Attach {
-                ifname: ifname.to_owned(),
-                mode,
-                source,
-            })?;
+        let id = prog.attach_to_if_index(ifindex, mode).map_err(|source| {
+            let busy = matches!(&source, ProgramError::SyscallError(e)
+                    if matches!(e.io_error.raw_os_error(), Some(libc::EBUSY | libc::EEXIST)));
+            if busy {
+                Error::Busy(ifname.to_owned())
+            } else {
+                Error::Attach {
+                    ifname: ifname.to_owned(),
+                    mode,
+                    source,
+                }
+            }
+        })?;
         let Some(dir) = &self.pins else {
             return Ok(PortLink::Owned(id));
         };
@@ -1027,6 +1052,66 @@ impl Dataplane {
             out.0[c as usize] = values.iter().sum();
         }
         Ok(out)
+    }
+
+    /// Every entry of the job, member, port and slot maps, for tests that
+    /// check an operation left the dataplane as it was (and for debugging).
+    ///
+    /// # Errors
+    /// When a map cannot be read.
+    pub fn dump(&self) -> Result<Dump, Error> {
+        fn entries<K: aya::Pod + Ord + Copy, V: aya::Pod>(
+            maps: &Maps,
+            name: &'static str,
+        ) -> Result<Vec<(K, V)>, Error> {
+            let map: HashMap<&MapData, K, V> = map_ref(maps, name)?;
+            let mut out = map
+                .iter()
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|source| Error::Map {
+                    name,
+                    what: "iterating".to_owned(),
+                    source,
+                })?;
+            out.sort_by_key(|a| a.0);
+            Ok(out)
+        }
+        let key = |k: MemberKey| (k.job, k.rank);
+        let port_key = |k: PortKey| (k.job, k.ifindex);
+        let members: HashMap<&MapData, MemberKey, Member> = map_ref(&self.maps, names::MEMBERS)?;
+        let port_members: HashMap<&MapData, PortKey, Member> =
+            map_ref(&self.maps, names::PORT_MEMBERS)?;
+        let read_err = |name| {
+            move |source| Error::Map {
+                name,
+                what: "iterating".to_owned(),
+                source,
+            }
+        };
+        let mut member_list = members
+            .iter()
+            .map(|r| r.map(|(k, v)| (key(k), v)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(read_err(names::MEMBERS))?;
+        member_list.sort_by_key(|e| e.0);
+        let mut port_member_list = port_members
+            .iter()
+            .map(|r| r.map(|(k, v)| (port_key(k), v)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(read_err(names::PORT_MEMBERS))?;
+        port_member_list.sort_by_key(|e| e.0);
+        let slots: Array<&MapData, Slot> = map_ref(&self.maps, names::SLOTS)?;
+        let slots = slots
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(read_err(names::SLOTS))?;
+        Ok(Dump {
+            jobs: entries(&self.maps, names::JOBS)?,
+            members: member_list,
+            port_members: port_member_list,
+            port_index: entries(&self.maps, names::PORT_INDEX)?,
+            slots,
+        })
     }
 
     /// Copy `version` of slot `slot` of the pool (absolute index).

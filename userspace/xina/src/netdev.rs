@@ -26,7 +26,7 @@ pub fn name(ifindex: u32) -> Option<String> {
 /// The MAC address the neighbour (ARP) table holds for `ip` on interface
 /// `ifname`, in the calling process's network namespace.
 pub fn neighbour(ip: std::net::Ipv4Addr, ifname: &str) -> Option<[u8; 6]> {
-    let table = std::fs::read_to_string("/proc/net/arp").ok()?;
+    let table = std::fs::read_to_string("/proc/thread-self/net/arp").ok()?;
     parse_arp(&table, ip, ifname)
 }
 

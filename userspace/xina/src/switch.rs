@@ -18,7 +18,7 @@ pub enum StartError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Dataplane(#[from] Box<dataplane::Error>),
-    #[error("port {port}: {source}")]
+    #[error("port {port}")]
     Port {
         port: String,
         #[source]
