@@ -334,13 +334,7 @@ pub fn status(dp: &Dataplane, dir: &PinDir) -> Status {
             }
         })
         .collect();
-    let programs = pin::PROGRAMS
-        .iter()
-        .filter_map(|name| {
-            let info = aya::programs::ProgramInfo::from_pin(dir.prog(name)).ok()?;
-            Some((*name, info.id()))
-        })
-        .collect();
+    let programs = dataplane::pinned_program_ids(dir);
     Status {
         name: dir.name().to_owned(),
         pin_dir: dir.path().display().to_string(),

@@ -15,8 +15,9 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, DevMap, HashMap, MapData, PerCpuArray, PerCpuValues, ProgramArray},
     programs::{
-        ProgramError, ProgramFd, TestRun, TestRunOptions, Xdp, XdpMode, links::FdLink,
-        xdp::XdpLinkId,
+        ProgramError, ProgramFd, TestRun, TestRunOptions, Xdp, XdpMode,
+        links::{FdLink, PinnedLink},
+        xdp::{XdpLink, XdpLinkId},
     },
 };
 use xina_proto::{
@@ -357,43 +358,11 @@ impl Dataplane {
         } else {
             None
         };
-        let names = [
-            programs::SWITCH,
-            programs::EGRESS,
-            programs::EGRESS_TEST,
-            programs::DROP,
-        ];
-        let mut ebpf = Some(ebpf);
-        for name in names.into_iter().chain(programs::AGGREGATE) {
-            xdp_mut(&mut ebpf, name)?
-                .load()
-                .map_err(|source| Error::Program {
-                    name,
-                    what: "load",
-                    source,
-                })?;
-        }
-        let mut maps = Maps::new();
-        if let Some(loaded) = ebpf.as_mut() {
-            let map_names: Vec<String> = loaded.maps().map(|(n, _)| n.to_owned()).collect();
-            for name in map_names {
-                if let Some(map) = loaded.take_map(&name) {
-                    maps.insert(name, map);
-                }
-            }
-        }
-        // The aggregation programs `xina_switch` tail-calls, by index.
-        for (index, name) in (0u32..).zip(programs::AGGREGATE) {
-            let fd = program_fd(&mut ebpf, name)?;
-            let mut array: ProgramArray<&mut MapData> = map_mut(&mut maps, names::AGGREGATE)?;
-            array.set(index, &fd, 0).map_err(|source| Error::Map {
-                name: names::AGGREGATE,
-                what: format!("entry {index} ({name})"),
-                source,
-            })?;
-        }
+        let (programs, mut maps) = load_programs(ebpf)?;
+        let mut programs = Some(programs);
+        set_aggregate(&mut programs, &mut maps)?;
         Ok(Self {
-            programs: ebpf,
+            programs,
             maps,
             ports: Vec::new(),
             jobs: BTreeMap::new(),
@@ -401,6 +370,79 @@ impl Dataplane {
             slot_pool: opts.slot_pool,
             logger,
             pins: None,
+        })
+    }
+
+    /// Replaces the programs of the switch pinned under `dir` with this
+    /// build's, keeping every map: jobs, members, slots (with chunks in
+    /// flight) and counters stay as they are. The new programs are loaded
+    /// against the pinned maps; then, each step atomic, the `AGGREGATE`
+    /// entries, each port's `PORTS` entry (egress program) and each port's
+    /// link (`BPF_LINK_UPDATE`) are switched over, and the program pins
+    /// replaced. A packet runs to completion on whichever programs it met,
+    /// possibly a mix of old and new, so the two builds must agree on every
+    /// map's layout and on the per-CPU scratch hand-off (the same
+    /// `xina-proto`): nothing checks that beyond the kernel's verifier.
+    ///
+    /// # Errors
+    /// No switch at `dir`; load failures (then nothing changed); a failure
+    /// midway (then some ports run the new programs: run it again).
+    pub fn upgrade(dir: &PinDir, debug: bool) -> Result<Upgrade, Error> {
+        let old = Self::open(dir)?;
+        let before = pinned_program_ids(dir);
+        let map_paths: Vec<(&'static str, PathBuf)> =
+            pin::MAPS.iter().map(|n| (*n, dir.map(n))).collect();
+        let debug = u8::from(debug);
+        let mut loader = EbpfLoader::new();
+        loader
+            .map_max_entries(names::SLOTS, 2 * old.slot_pool)
+            .override_global("XINA_DEBUG", &debug, true);
+        for (name, path) in &map_paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let ebpf = loader.load(EBPF_OBJECT).map_err(Error::Load)?;
+        let (programs, mut maps) = load_programs(ebpf)?;
+        let mut programs = Some(programs);
+        set_aggregate(&mut programs, &mut maps)?;
+        let egress_fd = program_fd(&mut programs, programs::EGRESS)?;
+        for port in &old.ports {
+            let mut devmap: DevMap<&mut MapData> = map_mut(&mut maps, names::PORTS)?;
+            devmap
+                .set(port.index, port.ifindex, Some(&egress_fd), 0)
+                .map_err(|source| Error::Port {
+                    ifname: port.name.clone(),
+                    source,
+                })?;
+            let Some(path) = port.link_pin() else {
+                continue;
+            };
+            let relink = |e: String| Error::Pin {
+                what: format!("{}: replacing the program of {}", port.name, path.display()),
+                source: std::io::Error::other(e),
+            };
+            let link = PinnedLink::from_pin(path).map_err(|e| relink(e.to_string()))?;
+            let link = XdpLink::try_from(FdLink::from(link)).map_err(|e| relink(e.to_string()))?;
+            let prog = xdp_mut(&mut programs, programs::SWITCH)?;
+            let id = prog
+                .attach_to_link(link)
+                .map_err(|e| relink(e.to_string()))?;
+            // Closing our descriptor leaves the link to its pin.
+            drop(prog.take_link(id).map_err(|e| relink(e.to_string()))?);
+        }
+        for name in pin::PROGRAMS {
+            let path = dir.prog(name);
+            let _ = std::fs::remove_file(&path);
+            xdp_mut(&mut programs, name)?
+                .pin(&path)
+                .map_err(|e| Error::Pin {
+                    what: format!("pinning program {name} at {}", path.display()),
+                    source: std::io::Error::other(e),
+                })?;
+        }
+        Ok(Upgrade {
+            before,
+            after: pinned_program_ids(dir),
+            ports: old.ports.iter().map(|p| p.name.clone()).collect(),
         })
     }
 
@@ -1222,6 +1264,69 @@ impl Drop for Dataplane {
             self.detach_all();
         }
     }
+}
+
+/// Loads every program of `ebpf` and takes its maps out of it.
+fn load_programs(ebpf: Ebpf) -> Result<(Ebpf, Maps), Error> {
+    let names = [
+        programs::SWITCH,
+        programs::EGRESS,
+        programs::EGRESS_TEST,
+        programs::DROP,
+    ];
+    let mut ebpf = Some(ebpf);
+    for name in names.into_iter().chain(programs::AGGREGATE) {
+        xdp_mut(&mut ebpf, name)?
+            .load()
+            .map_err(|source| Error::Program {
+                name,
+                what: "load",
+                source,
+            })?;
+    }
+    let mut ebpf = ebpf.expect("set above");
+    let map_names: Vec<String> = ebpf.maps().map(|(n, _)| n.to_owned()).collect();
+    let maps = map_names
+        .into_iter()
+        .filter_map(|name| ebpf.take_map(&name).map(|m| (name, m)))
+        .collect();
+    Ok((ebpf, maps))
+}
+
+/// Points the `AGGREGATE` program array at the loaded aggregation
+/// programs, by index: what `xina_switch` tail-calls.
+fn set_aggregate(programs: &mut Option<Ebpf>, maps: &mut Maps) -> Result<(), Error> {
+    for (index, name) in (0u32..).zip(programs::AGGREGATE) {
+        let fd = program_fd(programs, name)?;
+        let mut array: ProgramArray<&mut MapData> = map_mut(maps, names::AGGREGATE)?;
+        array.set(index, &fd, 0).map_err(|source| Error::Map {
+            name: names::AGGREGATE,
+            what: format!("entry {index} ({name})"),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// The kernel ids of the programs pinned under `dir`, by name.
+pub fn pinned_program_ids(dir: &PinDir) -> BTreeMap<&'static str, u32> {
+    pin::PROGRAMS
+        .iter()
+        .filter_map(|name| {
+            let info = aya::programs::ProgramInfo::from_pin(dir.prog(name)).ok()?;
+            Some((*name, info.id()))
+        })
+        .collect()
+}
+
+/// What [`Dataplane::upgrade`] replaced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Upgrade {
+    /// Pinned program ids before and after.
+    pub before: BTreeMap<&'static str, u32>,
+    pub after: BTreeMap<&'static str, u32>,
+    /// The ports now running the new switch program.
+    pub ports: Vec<String>,
 }
 
 /// A clone of the descriptor of loaded program `name`.

@@ -6,7 +6,7 @@
 //! ```text
 //! /sys/fs/bpf/xina/NAME/
 //! ├── maps/JOBS, MEMBERS, PORT_MEMBERS, SLOTS, PORTS, COUNTERS,
-//! │        JOB_COUNTERS, PORT_COUNTERS, PORT_INDEX, AGGREGATE
+//! │        JOB_COUNTERS, PORT_COUNTERS, PORT_INDEX, AGGREGATE, SCRATCH
 //! ├── progs/xina_switch, xina_egress
 //! └── links/IFNAME:MODE      one XDP bpf_link per port (MODE: native | generic)
 //! ```
@@ -39,8 +39,10 @@ pub const DEFAULT_SWITCH: &str = "xina0";
 const BPF_FS_MAGIC: libc::__fsword_t = 0xcafe_4a11;
 
 /// The maps that are pinned (the others are private to the programs, which
-/// hold them: per-CPU scratch, the test-run egress ifindex, globals).
-pub const MAPS: [&str; 10] = [
+/// hold them: the test-run egress ifindex, globals). `SCRATCH` is private
+/// too, but pinned so that after `xina switch upgrade` old and new programs
+/// hand contributions over through the same per-CPU scratch.
+pub const MAPS: [&str; 11] = [
     names::JOBS,
     names::MEMBERS,
     names::PORT_MEMBERS,
@@ -51,6 +53,7 @@ pub const MAPS: [&str; 10] = [
     names::PORT_COUNTERS,
     names::PORT_INDEX,
     names::AGGREGATE,
+    names::SCRATCH,
 ];
 
 /// The programs that are pinned (the aggregation programs are held by the

@@ -1,6 +1,6 @@
 //! A pinned switch's whole life through the `xina` command, with real
 //! traffic (root): up → add jobs → allreduce while the control plane is
-//! killed and restarted → the results are exact → remove a job (its slots
+//! killed and restarted and the programs upgraded → the results are exact → remove a job (its slots
 //! come back, its traffic is dropped and counted) → down (nothing left
 //! attached or pinned).
 //!
@@ -14,7 +14,10 @@ use std::{
     net::SocketAddrV4,
     path::PathBuf,
     process::{Child, Command, Output, Stdio},
-    sync::atomic::{AtomicUsize, Ordering},
+    sync::{
+        Barrier,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -100,6 +103,58 @@ impl Xina<'_> {
     }
 }
 
+/// Rounds of allreduce that the workers agree to go on with or stop.
+struct Rounds {
+    barrier: Barrier,
+    /// Set by the test: finish after the current round.
+    stop: AtomicBool,
+    /// Set by a worker whose round failed: everyone stops.
+    failed: AtomicBool,
+    /// The leader's decision after each round.
+    go_on: AtomicBool,
+    /// Rounds every worker has finished.
+    done: AtomicUsize,
+}
+
+impl Rounds {
+    /// One worker's rounds, each checked against `expected`; how many.
+    fn run(
+        &self,
+        worker: Result<Worker, String>,
+        data: &[i32],
+        expected: &[i32],
+    ) -> Result<usize, String> {
+        let mut worker = worker;
+        let mut n = 0;
+        loop {
+            let round = worker.as_mut().map_err(|e| e.clone()).and_then(|w| {
+                let mut buf = data.to_vec();
+                w.allreduce_i32(&mut buf).map_err(|e| e.to_string())?;
+                if buf == expected {
+                    Ok(())
+                } else {
+                    Err(format!("round {n}: wrong sum"))
+                }
+            });
+            if round.is_err() {
+                self.failed.store(true, Ordering::SeqCst);
+            }
+            if self.barrier.wait().is_leader() {
+                let go_on =
+                    !self.stop.load(Ordering::SeqCst) && !self.failed.load(Ordering::SeqCst);
+                self.go_on.store(go_on, Ordering::SeqCst);
+                self.done.fetch_add(1, Ordering::SeqCst);
+            }
+            self.barrier.wait();
+            round?;
+            n += 1;
+            if !self.go_on.load(Ordering::SeqCst) {
+                return Ok(n);
+            }
+        }
+    }
+}
+
 fn counter(stats: &Value, scope: &str, name: &str, counter: &str) -> u64 {
     let block = match scope {
         "switch" => &stats["switch"],
@@ -132,7 +187,7 @@ fn job_file(star: &Star, id: u32, ranks: usize, slots: u32, omit_mac: Option<usi
 
 #[test]
 fn a_pinned_switch_outlives_its_control_plane() {
-    const ELEMENTS: usize = 6_000_000;
+    const ELEMENTS: usize = 1_000_000;
     const SLOTS: u32 = 32;
     let star = Star::build(3).unwrap();
     let name = format!("t-life-{}", unique_token());
@@ -194,16 +249,22 @@ fn a_pinned_switch_outlives_its_control_plane() {
     let expected: Vec<i32> = (0..ELEMENTS)
         .map(|i| data.iter().map(|d| d[i]).sum())
         .collect();
-    // Workers whose allreduce has returned.
-    let finished = AtomicUsize::new(0);
     let switch = SocketAddrV4::new(star.service_ip(), XINA_UDP_PORT);
-    let (results, mid) = std::thread::scope(|s| {
-        let handles: Vec<_> = data
-            .into_iter()
-            .enumerate()
-            .map(|(rank, mut buf)| {
+    // The workers allreduce round after round, each round checked, until
+    // the control-plane work below is done; between rounds they agree
+    // (through a barrier) on whether to go on.
+    let rounds = Rounds {
+        barrier: Barrier::new(3),
+        stop: AtomicBool::new(false),
+        failed: AtomicBool::new(false),
+        go_on: AtomicBool::new(true),
+        done: AtomicUsize::new(0),
+    };
+    let (results, upgraded_at) = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..3)
+            .map(|rank| {
                 let worker = star.worker(rank);
-                let finished = &finished;
+                let (rounds, data, expected) = (&rounds, &data[rank], &expected);
                 s.spawn(move || {
                     worker
                         .ns()
@@ -217,29 +278,30 @@ fn a_pinned_switch_outlives_its_control_plane() {
                                 switch,
                             };
                             let bind = SocketAddrV4::new(worker.ip, 5000);
-                            let mut w = Worker::new(params, bind, xina_host::Config::default())?;
-                            let r = w.allreduce_i32(&mut buf).map(|_| buf);
-                            finished.fetch_add(1, Ordering::SeqCst);
-                            r
+                            let w = Worker::new(params, bind, xina_host::Config::default());
+                            rounds.run(w.map_err(|e| e.to_string()), data, expected)
                         })
                         .unwrap()
                 })
             })
             .collect();
-        // Mid-traffic: once chunks complete, kill the control plane, run
-        // new commands (each a fresh process reading the pins) and start
-        // another long-running one.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mid = loop {
-            let stats = xina.json(&["stats", "--json"]);
-            let completed = counter(&stats, "jobs", "1", "completed");
-            if completed > 0 || Instant::now() > deadline {
-                break completed;
+        let wait_rounds = |n: usize| {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while rounds.done.load(Ordering::SeqCst) < n
+                && !rounds.failed.load(Ordering::SeqCst)
+                && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(10));
             }
-            std::thread::sleep(Duration::from_millis(10));
         };
+        wait_rounds(1);
+        // Mid-traffic: kill the control plane, run new commands (each a
+        // fresh process reading the pins), upgrade the programs, start
+        // another long-running one.
         watcher.kill().unwrap();
         watcher.wait().unwrap();
+        let stats = xina.json(&["stats", "--json"]);
+        assert!(counter(&stats, "jobs", "1", "completed") > 0);
         let ls = xina.json(&["job", "ls", "--json"]);
         let ids: Vec<u64> = ls
             .as_array()
@@ -250,25 +312,47 @@ fn a_pinned_switch_outlives_its_control_plane() {
         assert_eq!(ids, [1, 2]);
         let status = xina.json(&["switch", "status", "--json"]);
         assert_eq!(status["ports"].as_array().unwrap().len(), 3);
-        assert!(status["ports"][0]["prog_id"].as_u64().unwrap() > 0);
+        let old_prog = status["ports"][0]["prog_id"].as_u64().unwrap();
+        assert!(old_prog > 0);
+        // Upgrade the programs under the running allreduce.
+        let up = xina.ok(&["switch", "upgrade"]);
+        assert!(up.contains("upgraded"), "{up}");
+        let upgraded_at = rounds.done.load(Ordering::SeqCst);
+        let status = xina.json(&["switch", "status", "--json"]);
+        for p in status["ports"].as_array().unwrap() {
+            let prog = p["prog_id"].as_u64().unwrap();
+            assert!(
+                prog != old_prog && prog > 0,
+                "{p} still runs program {old_prog}"
+            );
+        }
+        assert_eq!(
+            status["programs"]["xina_switch"].as_u64(),
+            status["ports"][0]["prog_id"].as_u64()
+        );
         let mut watcher = xina.spawn(&["stats", "--watch", "0.2"]);
-        let after = counter(&xina.json(&["stats", "--json"]), "jobs", "1", "completed");
-        let finished_early = finished.load(Ordering::SeqCst) > 0;
+        // At least one whole round on the new programs alone.
+        wait_rounds(upgraded_at + 2);
         watcher.kill().unwrap();
         watcher.wait().unwrap();
+        rounds.stop.store(true, Ordering::SeqCst);
         let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-        (results, (mid, after, finished_early))
+        (results, upgraded_at)
     });
-    let chunks = u64::try_from(ELEMENTS.div_ceil(256)).unwrap();
-    let (mid, after, finished_early) = mid;
-    assert!(
-        mid > 0 && after < chunks && !finished_early,
-        "the control plane restarted mid-traffic: {mid} then {after} of {chunks} chunks done"
-    );
+    let mut done = Vec::new();
     for (rank, r) in results.into_iter().enumerate() {
-        let buf = r.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
-        assert!(buf == expected, "rank {rank}: wrong sum");
+        done.push(r.unwrap_or_else(|e| panic!("rank {rank}: {e}")));
     }
+    assert!(
+        done.iter().all(|d| *d == done[0]),
+        "rounds per rank: {done:?}"
+    );
+    assert!(
+        done[0] >= upgraded_at + 2,
+        "{} rounds, upgraded after {upgraded_at}",
+        done[0]
+    );
+    let chunks = u64::try_from(ELEMENTS.div_ceil(256) * done[0]).unwrap();
     let stats = xina.json(&["stats", "--json"]);
     assert_eq!(counter(&stats, "jobs", "1", "completed"), chunks);
 

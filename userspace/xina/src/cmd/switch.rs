@@ -14,6 +14,14 @@ pub enum Command {
     Up(UpArgs),
     /// Detach from every port and remove every pin of the switch.
     Down,
+    /// Replace the running switch's programs with this build's, keeping
+    /// every map: jobs, slots with chunks in flight, and counters stay (see
+    /// the README's notes on upgrades).
+    Upgrade {
+        /// Load the new programs with dataplane logging on (slow).
+        #[arg(long)]
+        debug: bool,
+    },
     /// Show what is attached where (with link and program ids), the slot
     /// pool and the installed jobs.
     Status {
@@ -87,6 +95,26 @@ pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
                 } else {
                     removed.links.join(", ")
                 }
+            );
+            Ok(())
+        }
+        Command::Upgrade { debug } => {
+            let _lock = dir.lock().with_context(|| {
+                format!("switch {}: locking {}", dir.name(), dir.path().display())
+            })?;
+            let up = xina::Dataplane::upgrade(&dir, *debug)
+                .with_context(|| format!("switch {}: upgrade", dir.name()))?;
+            for (name, new) in &up.after {
+                let old = up
+                    .before
+                    .get(name)
+                    .map_or_else(|| "-".to_owned(), u32::to_string);
+                println!("program {name}: id {old} -> {new}");
+            }
+            println!(
+                "switch {} upgraded; ports now on the new program: {}",
+                dir.name(),
+                up.ports.join(", ")
             );
             Ok(())
         }
