@@ -347,18 +347,22 @@ impl Dataplane {
     /// # Errors
     /// When the kernel refuses the object (no BPF rights, verifier).
     pub fn load(opts: LoadOptions) -> Result<Self, Error> {
-        let mut ebpf = EbpfLoader::new()
+        let ebpf = EbpfLoader::new()
             .map_max_entries(names::SLOTS, 2 * opts.slot_pool)
             .override_global("XINA_DEBUG", &u8::from(opts.debug), true)
             .load(EBPF_OBJECT)
             .map_err(Error::Load)?;
+        let (programs, mut maps) = load_programs(ebpf)?;
         // Without the logger the dataplane's log records are simply not read.
         let logger = if opts.debug {
-            aya_log::EbpfLogger::init(&mut ebpf).ok()
+            let id = match maps.get(pin::LOGS) {
+                Some(aya::maps::Map::RingBuf(m)) => m.info().ok().map(|i| i.id()),
+                _ => None,
+            };
+            id.and_then(logger_for_map)
         } else {
             None
         };
-        let (programs, mut maps) = load_programs(ebpf)?;
         let mut programs = Some(programs);
         set_aggregate(&mut programs, &mut maps)?;
         Ok(Self {
@@ -390,8 +394,11 @@ impl Dataplane {
     pub fn upgrade(dir: &PinDir, debug: bool) -> Result<Upgrade, Error> {
         let old = Self::open(dir)?;
         let before = pinned_program_ids(dir);
-        let map_paths: Vec<(&'static str, PathBuf)> =
-            pin::MAPS.iter().map(|n| (*n, dir.map(n))).collect();
+        let map_paths: Vec<(&'static str, PathBuf)> = pin::MAPS
+            .into_iter()
+            .chain([pin::LOGS])
+            .map(|n| (n, dir.map(n)))
+            .collect();
         let debug = u8::from(debug);
         let mut loader = EbpfLoader::new();
         loader
@@ -477,7 +484,7 @@ impl Dataplane {
         for sub in [dir.maps(), dir.links(), dir.progs()] {
             std::fs::create_dir_all(&sub).map_err(io(format!("creating {}", sub.display())))?;
         }
-        for name in pin::MAPS {
+        for name in pin::MAPS.into_iter().chain([pin::LOGS]) {
             let map = self.maps.get(name).ok_or(Error::MissingMap(name))?;
             let path = dir.map(name);
             map.pin(&path).map_err(|e| Error::Pin {
@@ -635,6 +642,31 @@ impl Dataplane {
             self.jobs.insert(spec.id, spec);
         }
         Ok(())
+    }
+
+    /// A reader of the log records of the switch pinned under `dir`, for a
+    /// process other than the one that brought it up (records appear only
+    /// when the switch runs with `debug`). One reader at a time: records
+    /// are consumed.
+    ///
+    /// # Errors
+    /// No switch there, or its log map cannot be opened.
+    pub fn open_logger(dir: &PinDir) -> Result<Logger, Error> {
+        let path = dir.map(pin::LOGS);
+        let data = MapData::from_pin(&path).map_err(|source| Error::Map {
+            name: pin::LOGS,
+            what: format!("opening pin {}", path.display()),
+            source,
+        })?;
+        let id = data
+            .info()
+            .map_err(|source| Error::Map {
+                name: pin::LOGS,
+                what: "info".to_owned(),
+                source,
+            })?
+            .id();
+        logger_for_map(id).ok_or(Error::MissingMap(pin::LOGS))
     }
 
     /// Where this switch is pinned, if it is.
@@ -1264,6 +1296,20 @@ impl Drop for Dataplane {
             self.detach_all();
         }
     }
+}
+
+/// A log reader on the aya-log ring buffer with kernel id `map_id`, found
+/// through a loaded program that uses it (aya-log opens it by program).
+fn logger_for_map(map_id: u32) -> Option<Logger> {
+    let prog = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .find(|p| {
+            p.map_ids()
+                .ok()
+                .flatten()
+                .is_some_and(|ids| ids.contains(&map_id))
+        })?;
+    aya_log::EbpfLogger::init_from_id(prog.id()).ok()
 }
 
 /// Loads every program of `ebpf` and takes its maps out of it.

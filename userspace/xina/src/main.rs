@@ -30,6 +30,11 @@ enum Command {
     Stats(cmd::stats::Args),
     /// Serve the counters to Prometheus (`GET /metrics`).
     Exporter(cmd::stats::ExporterArgs),
+    /// Stay in the foreground next to a running switch: forward its
+    /// dataplane log records (when it runs with debug = true) to this
+    /// process's log, and serve metrics with --metrics. Stopping it leaves
+    /// the switch as it is.
+    Daemon(cmd::daemon::Args),
     /// Attach the dataplane to the configured ports, install the jobs, and
     /// run until interrupted; then print the counters and detach. Nothing
     /// is pinned: for tries and tests.
@@ -46,6 +51,7 @@ fn main() -> std::process::ExitCode {
         Command::Job(c) => cmd::job::run(&cli.global, c),
         Command::Stats(a) => cmd::stats::run(&cli.global, a),
         Command::Exporter(a) => cmd::stats::exporter(&cli.global, a),
+        Command::Daemon(a) => cmd::daemon::run(&cli.global, a),
         Command::Run(args) => cmd::run::run(args),
         Command::Check(args) => cmd::check::run(args),
     });

@@ -6,7 +6,7 @@
 //! ```text
 //! /sys/fs/bpf/xina/NAME/
 //! ├── maps/JOBS, MEMBERS, PORT_MEMBERS, SLOTS, PORTS, COUNTERS,
-//! │        JOB_COUNTERS, PORT_COUNTERS, PORT_INDEX, AGGREGATE, SCRATCH
+//! │        JOB_COUNTERS, PORT_COUNTERS, PORT_INDEX, AGGREGATE, SCRATCH, AYA_LOGS
 //! ├── progs/xina_switch, xina_egress
 //! └── links/IFNAME:MODE      one XDP bpf_link per port (MODE: native | generic)
 //! ```
@@ -55,6 +55,10 @@ pub const MAPS: [&str; 11] = [
     names::AGGREGATE,
     names::SCRATCH,
 ];
+
+/// aya-log's ring buffer of the dataplane's log records, pinned too, so a
+/// restarted daemon reads them (`maps/AYA_LOGS`).
+pub const LOGS: &str = "AYA_LOGS";
 
 /// The programs that are pinned (the aggregation programs are held by the
 /// pinned `AGGREGATE` array).

@@ -11,7 +11,8 @@
 //! ```
 
 use std::{
-    net::SocketAddrV4,
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{SocketAddrV4, TcpStream},
     path::PathBuf,
     process::{Child, Command, Output, Stdio},
     sync::{
@@ -37,6 +38,14 @@ struct Guard {
 }
 
 impl Guard {
+    /// A guard for a switch named `prefix` and a unique token.
+    fn new(prefix: &str) -> Self {
+        Self {
+            pins: PinDir::new(pin::DEFAULT_ROOT, &format!("{prefix}{}", unique_token())).unwrap(),
+            files: Vec::new(),
+        }
+    }
+
     fn file(&mut self, text: &str) -> PathBuf {
         let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
             "xina-lifecycle-{}-{}.toml",
@@ -101,6 +110,41 @@ impl Xina<'_> {
             .spawn()
             .unwrap()
     }
+}
+
+/// Starts `xina exporter` on a free port of the switch namespace's
+/// loopback, fetches `/metrics` once, and stops it.
+fn scrape(star: &Star, xina: &Xina<'_>) -> String {
+    let mut exporter = xina
+        .command(&["exporter", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(exporter.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    let body = star
+        .switch()
+        .run(move || {
+            let mut c = TcpStream::connect(&addr).unwrap();
+            c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+            let mut out = String::new();
+            c.read_to_string(&mut out).unwrap();
+            out
+        })
+        .unwrap();
+    exporter.kill().unwrap();
+    exporter.wait().unwrap();
+    assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
+    body
 }
 
 /// Rounds of allreduce that the workers agree to go on with or stop.
@@ -190,11 +234,8 @@ fn a_pinned_switch_outlives_its_control_plane() {
     const ELEMENTS: usize = 1_000_000;
     const SLOTS: u32 = 32;
     let star = Star::build(3).unwrap();
-    let name = format!("t-life-{}", unique_token());
-    let mut guard = Guard {
-        pins: PinDir::new(pin::DEFAULT_ROOT, &name).unwrap(),
-        files: Vec::new(),
-    };
+    let mut guard = Guard::new("t-life-");
+    let name = guard.pins.name().to_owned();
     let xina = Xina {
         ns: star.switch().name(),
         name: &name,
@@ -302,6 +343,16 @@ fn a_pinned_switch_outlives_its_control_plane() {
         watcher.wait().unwrap();
         let stats = xina.json(&["stats", "--json"]);
         assert!(counter(&stats, "jobs", "1", "completed") > 0);
+        // Prometheus scrapes the same counters.
+        let metrics = scrape(&star, &xina);
+        let line = format!("xina_completed_total{{switch=\"{name}\",scope=\"job\",job=\"1\"}} ");
+        let value: u64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .unwrap_or_else(|| panic!("no {line} in {metrics}"))
+            .parse()
+            .unwrap();
+        assert!(value > 0, "{metrics}");
         let ls = xina.json(&["job", "ls", "--json"]);
         let ids: Vec<u64> = ls
             .as_array()
@@ -405,6 +456,92 @@ fn a_pinned_switch_outlives_its_control_plane() {
     assert!(!guard.pins.exists());
     let out = xina.fails(&["job", "ls"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("no switch is up"));
+    drop(guard);
+    star.teardown().unwrap();
+}
+
+/// With `debug = true`, the dataplane's log records reach `xina daemon`'s
+/// log (at debug level), also when the daemon starts after `switch up`
+/// has exited.
+#[test]
+fn the_daemon_forwards_dataplane_logs() {
+    let star = Star::build(1).unwrap();
+    let mut guard = Guard::new("t-log-");
+    let name = guard.pins.name().to_owned();
+    let xina = Xina {
+        ns: star.switch().name(),
+        name: &name,
+    };
+    let switch_file = guard.file(&format!(
+        "[switch]\nports = [{:?}]\nslot_pool = 16\ndebug = true\n",
+        star.port(0).name
+    ));
+    xina.ok(&["switch", "up", "-c", switch_file.to_str().unwrap()]);
+    star.refresh_redirect_targets().unwrap();
+    let job = guard.file(&job_file(&star, 9, 1, 4, None));
+    xina.ok(&["job", "add", job.to_str().unwrap()]);
+    let mut daemon = xina
+        .command(&["daemon"])
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = daemon.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // The daemon is reading once it says it runs.
+    let running = rx.recv_timeout(Duration::from_secs(20));
+    let switch = SocketAddrV4::new(star.service_ip(), XINA_UDP_PORT);
+    let w = star.worker(0);
+    let mut data = vec![5i32; 600];
+    let sum = w
+        .ns()
+        .run(|| {
+            let params = JobParams {
+                job: 9,
+                rank: 0,
+                fan_in: 1,
+                elems_per_packet: 256,
+                slots: 4,
+                switch,
+            };
+            let mut worker = Worker::new(
+                params,
+                SocketAddrV4::new(w.ip, 5000),
+                xina_host::Config::default(),
+            )?;
+            worker.allreduce_i32(&mut data)
+        })
+        .unwrap();
+    let mut lines = vec![format!("{running:?}")];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && !lines.iter().any(|l| l.contains("job 9 seq 2 complete")) {
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(100)) {
+            lines.push(l);
+        }
+    }
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    sum.unwrap();
+    assert!(data.iter().all(|v| *v == 5));
+    for seq in 0..3 {
+        let want = format!("job 9 seq {seq} complete");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains(&want) && l.contains("DEBUG")),
+            "{want:?} not in the daemon's log: {lines:#?}"
+        );
+    }
+    xina.ok(&["switch", "down"]);
     drop(guard);
     star.teardown().unwrap();
 }

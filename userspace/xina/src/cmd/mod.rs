@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod check;
+pub mod daemon;
 pub mod job;
 pub mod run;
 pub mod stats;

@@ -7,7 +7,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use xina::control;
+use xina::{control, pin::PinDir};
 
 use super::Global;
 
@@ -62,13 +62,26 @@ pub struct ExporterArgs {
     listen: SocketAddr,
 }
 
-/// Serves the counters in the Prometheus text format, reading the pinned
-/// maps at every scrape (one request at a time).
+/// Serves the counters in the Prometheus text format until interrupted.
 pub fn exporter(global: &Global, args: &ExporterArgs) -> anyhow::Result<()> {
     let dir = global.pin_dir()?;
-    let listener =
-        TcpListener::bind(args.listen).with_context(|| format!("listening on {}", args.listen))?;
-    log::info!("serving http://{}/metrics", listener.local_addr()?);
+    let listener = listen(args.listen)?;
+    serve_metrics(&listener, &dir);
+    Ok(())
+}
+
+/// Binds the metrics address.
+pub fn listen(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    let listener = TcpListener::bind(addr).with_context(|| format!("listening on {addr}"))?;
+    if let Ok(a) = listener.local_addr() {
+        log::info!("serving http://{a}/metrics");
+    }
+    Ok(listener)
+}
+
+/// Answers `GET /metrics` with switch `dir`'s counters, reading the pinned
+/// maps at every scrape (one request at a time); 503 while the switch is down.
+pub fn serve_metrics(listener: &TcpListener, dir: &PinDir) {
     for conn in listener.incoming() {
         let Ok(mut conn) = conn else { continue };
         let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
@@ -77,7 +90,7 @@ pub fn exporter(global: &Global, args: &ExporterArgs) -> anyhow::Result<()> {
             continue;
         }
         let (status, body) = if line.starts_with("GET /metrics") {
-            match control::open(&dir)
+            match control::open(dir)
                 .map_err(anyhow::Error::from)
                 .and_then(|sw| {
                     Ok(xina::stats::prometheus(
@@ -97,5 +110,4 @@ pub fn exporter(global: &Global, args: &ExporterArgs) -> anyhow::Result<()> {
             body.len()
         );
     }
-    Ok(())
 }

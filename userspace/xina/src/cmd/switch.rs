@@ -40,6 +40,12 @@ pub struct UpArgs {
     /// `xdp_mode` (default auto: native where the driver supports it).
     #[arg(long, value_enum)]
     xdp_mode: Option<Mode>,
+    /// Stay in the foreground afterwards, as `xina daemon` does: forward
+    /// dataplane logs, serve --metrics; Ctrl-C or SIGTERM leaves the switch up.
+    #[arg(long)]
+    foreground: bool,
+    #[command(flatten)]
+    daemon: super::daemon::Args,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -59,7 +65,7 @@ pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
                 Mode::Native => XdpModeName::Native,
                 Mode::Generic => XdpModeName::Generic,
             });
-            let dp = control::up(&config, &dir, mode)
+            let mut dp = control::up(&config, &dir, mode)
                 .with_context(|| format!("switch {}", dir.name()))?;
             for p in dp.ports() {
                 println!(
@@ -83,6 +89,12 @@ pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
                 dir.name(),
                 dir.path().display()
             );
+            if args.foreground || args.daemon.metrics.is_some() {
+                use std::io::Write as _;
+                std::io::stdout().flush()?;
+                let metrics = args.daemon.metrics.map(|a| (a, dir.clone()));
+                super::daemon::serve(dp.take_logger(), metrics)?;
+            }
             Ok(())
         }
         Command::Down => {
