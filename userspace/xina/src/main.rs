@@ -30,14 +30,16 @@ enum Command {
     Stats(cmd::stats::Args),
     /// Serve the counters to Prometheus (`GET /metrics`).
     Exporter(cmd::stats::ExporterArgs),
-    /// Stay in the foreground next to a running switch: forward its
-    /// dataplane log records (when it runs with debug = true) to this
-    /// process's log, and serve metrics with --metrics. Stopping it leaves
-    /// the switch as it is.
+    /// Forward a running switch's dataplane logs, and serve --metrics.
+    ///
+    /// Stays in the foreground until Ctrl-C or SIGTERM. Dataplane records
+    /// exist only when the switch runs with `debug = true`, and show at
+    /// debug level (`RUST_LOG=debug`). Stopping it leaves the switch as it is.
     Daemon(cmd::daemon::Args),
-    /// Attach the dataplane to the configured ports, install the jobs, and
-    /// run until interrupted; then print the counters and detach. Nothing
-    /// is pinned: for tries and tests.
+    /// Run an unpinned switch in the foreground (for tries and tests).
+    ///
+    /// Attaches the dataplane to the configured ports, installs the jobs,
+    /// runs until interrupted, then prints the counters and detaches.
     Run(cmd::run::Args),
     /// Check a configuration file without touching the dataplane.
     Check(cmd::check::Args),
