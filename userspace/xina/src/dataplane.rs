@@ -462,12 +462,36 @@ impl Dataplane {
     /// [`Error::AlreadyUp`] when `dir` exists; load and pin failures (then
     /// nothing stays pinned).
     pub fn load_pinned(opts: LoadOptions, dir: &PinDir) -> Result<Self, Error> {
-        if dir.exists() {
-            return Err(Error::AlreadyUp {
-                dir: dir.path().to_owned(),
-            });
+        // Creating the directory claims the name: of two concurrent `up`s
+        // one gets `AlreadyUp` and never touches the other's pins.
+        if let Some(root) = dir.path().parent() {
+            std::fs::create_dir_all(root).map_err(|source| Error::Pin {
+                what: format!("creating {}", root.display()),
+                source,
+            })?;
         }
-        let mut dp = Self::load(opts)?;
+        match std::fs::create_dir(dir.path()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(Error::AlreadyUp {
+                    dir: dir.path().to_owned(),
+                });
+            }
+            Err(source) => {
+                return Err(Error::Pin {
+                    what: format!("creating {}", dir.path().display()),
+                    source,
+                });
+            }
+        }
+        let loaded = Self::load(opts);
+        let mut dp = match loaded {
+            Ok(dp) => dp,
+            Err(e) => {
+                let _ = std::fs::remove_dir(dir.path());
+                return Err(e);
+            }
+        };
         let pinned = dp.pin_to(dir);
         if let Err(e) = pinned {
             if let Err(rm) = pin::remove(dir) {

@@ -443,6 +443,16 @@ fn a_pinned_switch_outlives_its_control_plane() {
         Some(0),
         "job 1's slots were reused"
     );
+    // A bad job file: one line naming the file, the field and the value.
+    let bad = guard.file(&job_file(&star, 4, 3, 8, None).replacen("rank = 1", "rank = 0", 1));
+    let out = xina.fails(&["job", "add", bad.to_str().unwrap()]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "xina: {}: members[1].rank: duplicate rank 0\n",
+            bad.display()
+        )
+    );
     let out = xina.fails(&["job", "show", "1"]);
     assert_eq!(
         String::from_utf8_lossy(&out.stderr).trim(),
