@@ -8,6 +8,12 @@
 //! daemon to talk to and so no socket API; the Rust functions here are the
 //! programmatic API. Concurrent commands on one switch are serialised by a
 //! `flock` on its pin directory ([`crate::pin::PinDir::lock`]).
+//!
+//! Network namespaces: [`open`], [`down`], [`status`] and [`stats`] work
+//! from any namespace (ports are named by their link pins); [`up`] and
+//! [`add_job`] look interfaces up (indexes, MACs, MTUs, neighbours) and must
+//! run on a thread inside the switch's namespace (the `xina` command enters
+//! it with `--netns`).
 
 use std::{collections::BTreeMap, fs::File, net::Ipv4Addr};
 
@@ -144,7 +150,8 @@ pub fn largest_free(used: &[(u32, u32)], pool: u32) -> u32 {
 /// Installs the job of `file` on `dp`: checks it against the switch (its
 /// ports, pool, MTUs and installed jobs), allocates its slots (first fit,
 /// unless the file gives `slot_base`), resolves omitted MACs from the
-/// neighbour table, and installs it all or nothing.
+/// neighbour table, and installs it all or nothing. Runs in the switch's
+/// network namespace.
 ///
 /// # Errors
 /// The first problem, naming the file's field.

@@ -5,6 +5,12 @@
 //! `slot`, and the `test_run_*` methods that push one frame through a
 //! program with `BPF_PROG_TEST_RUN` (no interface needed).
 //!
+//! A dataplane is either private to its process ([`Dataplane::load`]: ports
+//! detach when it is dropped) or pinned under a [`PinDir`]
+//! ([`Dataplane::load_pinned`], reopened by any process with
+//! [`Dataplane::open`], programs replaced by [`Dataplane::upgrade`]); see
+//! [`crate::pin`] for what is pinned.
+//!
 //! Network-namespace note: attaching and filling the `PORTS` devmap resolve
 //! interface indexes in the network namespace of the calling thread. Call
 //! [`Dataplane::attach`] from a thread inside the switch's namespace.
@@ -594,13 +600,16 @@ impl Dataplane {
                 what: "iterating".to_owned(),
                 source,
             })?;
-            let name = crate::netdev::name(ifindex).unwrap_or_else(|| format!("ifindex {ifindex}"));
-            let (mode, path) = links
-                .iter()
-                .find(|l| l.ifname == name)
-                .map_or((XdpMode::default(), PathBuf::new()), |l| {
-                    (l.mode, l.path.clone())
-                });
+            // The link pin names the port; without one (a half-removed
+            // switch), ask this thread's network namespace.
+            let (name, mode, path) = match links.iter().find(|l| l.ifindex == ifindex) {
+                Some(l) => (l.ifname.clone(), l.mode, l.path.clone()),
+                None => (
+                    crate::netdev::name(ifindex).unwrap_or_else(|| format!("ifindex {ifindex}")),
+                    XdpMode::default(),
+                    PathBuf::new(),
+                ),
+            };
             self.ports.push(Port {
                 name,
                 ifindex,
@@ -818,7 +827,7 @@ impl Dataplane {
         let Some(dir) = &self.pins else {
             return Ok(PortLink::Owned(id));
         };
-        let path = dir.link(ifname, mode);
+        let path = dir.link(ifname, ifindex, mode);
         let pinned = prog
             .take_link(id)
             .map_err(|source| Error::Attach {

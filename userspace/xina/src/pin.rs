@@ -8,7 +8,7 @@
 //! ├── maps/JOBS, MEMBERS, PORT_MEMBERS, SLOTS, PORTS, COUNTERS,
 //! │        JOB_COUNTERS, PORT_COUNTERS, PORT_INDEX, AGGREGATE, SCRATCH, AYA_LOGS
 //! ├── progs/xina_switch, xina_egress
-//! └── links/IFNAME:MODE      one XDP bpf_link per port (MODE: native | generic)
+//! └── links/IFNAME:IFINDEX:MODE   one XDP bpf_link per port (MODE: native | generic)
 //! ```
 //!
 //! Everything the control plane needs after a restart is in these pins: the
@@ -75,6 +75,7 @@ pub struct PinDir {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LinkPin {
     pub ifname: String,
+    pub ifindex: u32,
     pub mode: XdpMode,
     pub path: PathBuf,
 }
@@ -139,9 +140,13 @@ impl PinDir {
         self.path.join("links")
     }
 
-    /// The pin of `ifname`'s link (`:` cannot occur in interface names).
-    pub fn link(&self, ifname: &str, mode: XdpMode) -> PathBuf {
-        self.links().join(format!("{ifname}:{}", mode_name(mode)))
+    /// The pin of the link of `ifname` (index `ifindex`): `IFNAME:IFINDEX:MODE`
+    /// (`:` cannot occur in interface names). The name and index are kept
+    /// so that any process, in any network namespace, can say which port
+    /// it is.
+    pub fn link(&self, ifname: &str, ifindex: u32, mode: XdpMode) -> PathBuf {
+        self.links()
+            .join(format!("{ifname}:{ifindex}:{}", mode_name(mode)))
     }
 
     /// The pinned links, sorted by interface name.
@@ -158,18 +163,26 @@ impl PinDir {
         for entry in dir {
             let entry = entry?;
             let file = entry.file_name().to_string_lossy().into_owned();
-            if let Some((ifname, mode)) = file.rsplit_once(':') {
-                let mode = match mode {
-                    "native" => XdpMode::Driver,
-                    "generic" => XdpMode::Skb,
-                    _ => continue,
-                };
-                out.push(LinkPin {
-                    ifname: ifname.to_owned(),
-                    mode,
-                    path: entry.path(),
-                });
-            }
+            let mut parts = file.split(':');
+            let (Some(ifname), Some(ifindex), Some(mode), None) =
+                (parts.next(), parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let mode = match mode {
+                "native" => XdpMode::Driver,
+                "generic" => XdpMode::Skb,
+                _ => continue,
+            };
+            let Ok(ifindex) = ifindex.parse() else {
+                continue;
+            };
+            out.push(LinkPin {
+                ifname: ifname.to_owned(),
+                ifindex,
+                mode,
+                path: entry.path(),
+            });
         }
         out.sort_by(|a, b| a.ifname.cmp(&b.ifname));
         Ok(out)
@@ -344,8 +357,8 @@ mod tests {
             Path::new("/sys/fs/bpf/xina/sw-1.a/maps/JOBS")
         );
         assert_eq!(
-            d.link("eth0.100", XdpMode::Skb),
-            Path::new("/sys/fs/bpf/xina/sw-1.a/links/eth0.100:generic")
+            d.link("eth0.100", 7, XdpMode::Skb),
+            Path::new("/sys/fs/bpf/xina/sw-1.a/links/eth0.100:7:generic")
         );
         for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(65)] {
             assert!(PinDir::new("/r", bad).is_err(), "{bad:?}");

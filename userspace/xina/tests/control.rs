@@ -232,6 +232,15 @@ fn bad_job_files_are_rejected_and_change_nothing() {
     let ids: Vec<u32> = reopened.dp.jobs().map(|j| j.id).collect();
     assert_eq!(ids, [1, 2]);
     assert_eq!(reopened.dp.job(2), dp.job(2));
+    // Opened from this (root) namespace, the ports still carry their names.
+    let names: Vec<&str> = reopened
+        .dp
+        .ports()
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    let want: Vec<&str> = (0..3).map(|i| star.port(i).name.as_str()).collect();
+    assert_eq!(names, want);
     assert_eq!(
         reopened.dp.job_counter_index(2),
         dp.job_counter_index(2),
@@ -367,5 +376,74 @@ fn bad_switch_files_are_rejected_and_change_nothing() {
     assert_eq!(removed.links.len(), 3);
     assert_eq!(star.ports_with_xdp().unwrap(), Vec::<String>::new());
     assert!(!pins.0.exists());
+    star.teardown().unwrap();
+}
+
+/// Random job adds and removes on a real switch, each through a freshly
+/// opened handle (the allocator rebuilt from the pinned `JOBS` map, as
+/// after a control-plane restart): installed ranges never overlap, stay in
+/// the pool, and a refusal means no free range was large enough.
+#[test]
+fn random_adds_and_removes_on_pinned_maps_never_overlap_or_leak() {
+    use rand::{Rng as _, SeedableRng as _, rngs::StdRng};
+
+    let star = Star::build(3).unwrap();
+    let pins = Pins::new();
+    let config = Config::parse(&switch_file(&star, &[0, 1, 2])).unwrap();
+    drop(
+        star.switch()
+            .run(|| control::up(&config, &pins.0, None))
+            .unwrap()
+            .unwrap(),
+    );
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut next_id = 1;
+    let (mut added, mut refused) = (0, 0);
+    for _ in 0..60 {
+        let mut sw = control::open(&pins.0).unwrap();
+        let ids: Vec<u32> = sw.dp.jobs().map(|j| j.id).collect();
+        if !ids.is_empty() && rng.random_bool(0.4) {
+            sw.dp
+                .remove_job(ids[rng.random_range(0..ids.len())])
+                .unwrap();
+        } else {
+            let count = rng.random_range(1..=24);
+            let used: Vec<(u32, u32)> = sw.dp.jobs().map(|j| (j.slot_base, j.slot_count)).collect();
+            match add(&star, &mut sw.dp, &job_file(&star, next_id, count)) {
+                Ok(_) => added += 1,
+                Err(e) => {
+                    assert!(e.contains("the pool is exhausted"), "{e}");
+                    assert!(control::largest_free(&used, 64) < count, "{e}");
+                    refused += 1;
+                }
+            }
+            next_id += 1;
+        }
+        let jobs = sw.dp.dump().unwrap().jobs;
+        for (i, (a, ja)) in jobs.iter().enumerate() {
+            assert!(ja.slot_base + ja.slot_count <= 64);
+            for (b, jb) in &jobs[i + 1..] {
+                assert!(
+                    ja.slot_base + ja.slot_count <= jb.slot_base
+                        || jb.slot_base + jb.slot_count <= ja.slot_base,
+                    "jobs {a} and {b} overlap"
+                );
+            }
+        }
+    }
+    assert!(
+        added > 10 && refused > 0,
+        "{added} added, {refused} refused"
+    );
+    // Nothing leaked: with every job removed, the whole pool is one range.
+    let mut sw = control::open(&pins.0).unwrap();
+    let ids: Vec<u32> = sw.dp.jobs().map(|j| j.id).collect();
+    for id in ids {
+        sw.dp.remove_job(id).unwrap();
+    }
+    let all = add(&star, &mut sw.dp, &job_file(&star, next_id, 64)).unwrap();
+    assert_eq!((all.slot_base, all.slot_count), (0, 64));
+    drop(sw);
+    control::down(&pins.0).unwrap();
     star.teardown().unwrap();
 }
