@@ -253,6 +253,14 @@ fn a_pinned_switch_outlives_its_control_plane() {
     let up = xina.ok(&["switch", "up", "-c", switch_file.to_str().unwrap()]);
     assert!(up.contains(&format!("switch {name} is up")), "{up}");
     star.refresh_redirect_targets().unwrap();
+    let listed = xina.json(&["switch", "ls", "--json"]);
+    let me = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == name.as_str())
+        .unwrap_or_else(|| panic!("{name} not in {listed}"));
+    assert_eq!(me["ports"].as_array().unwrap().len(), 3);
     let out = xina.fails(&["switch", "up", "-c", switch_file.to_str().unwrap()]);
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("a switch is already up"),

@@ -22,6 +22,12 @@ pub enum Command {
         #[arg(long)]
         debug: bool,
     },
+    /// List the switches pinned under the pin root, with their ports.
+    Ls {
+        /// Print JSON: an array of `{"name", "pin_dir", "ports"}`.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show what is attached where (with link and program ids), the slot
     /// pool and the installed jobs.
     Status {
@@ -55,7 +61,39 @@ enum Mode {
     Generic,
 }
 
+/// One line of `xina switch ls`.
+#[derive(Debug, serde::Serialize)]
+struct Listed {
+    name: String,
+    pin_dir: String,
+    /// Port names, from the link pins.
+    ports: Vec<String>,
+}
+
 pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
+    if let Command::Ls { json } = cmd {
+        let dirs = pin::PinDir::list(&global.pin_root)
+            .with_context(|| format!("reading {}", global.pin_root.display()))?;
+        let listed: Vec<Listed> = dirs
+            .iter()
+            .map(|d| Listed {
+                name: d.name().to_owned(),
+                pin_dir: d.path().display().to_string(),
+                ports: d
+                    .link_pins()
+                    .map(|l| l.into_iter().map(|l| l.ifname).collect())
+                    .unwrap_or_default(),
+            })
+            .collect();
+        if *json {
+            println!("{}", serde_json::to_string_pretty(&listed)?);
+        } else {
+            for l in &listed {
+                println!("{:<24}{}", l.name, l.ports.join(", "));
+            }
+        }
+        return Ok(());
+    }
     let dir = global.pin_dir()?;
     match cmd {
         Command::Up(args) => {
@@ -130,6 +168,7 @@ pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Ls { .. } => unreachable!("handled above"),
         Command::Status { json } => {
             let sw = control::open(&dir).with_context(|| format!("switch {}", dir.name()))?;
             let status = control::status(&sw.dp, &dir);
