@@ -499,6 +499,25 @@ impl Star {
         Ok(())
     }
 
+    /// The switch ports that have an XDP program attached, as `ip -d link
+    /// show` lists them in the switch namespace.
+    ///
+    /// # Errors
+    /// When `ip` fails.
+    pub fn ports_with_xdp(&self) -> Result<Vec<String>, Error> {
+        let links = self.switch.ip(&["-d", "link", "show"])?;
+        Ok(self
+            .ports
+            .iter()
+            .filter(|p| {
+                links
+                    .lines()
+                    .any(|l| l.contains(&format!(" {}@", p.name)) && l.contains(" xdp"))
+            })
+            .map(|p| p.name.clone())
+            .collect())
+    }
+
     /// Names of all the star's namespaces, switch first.
     pub fn namespaces(&self) -> Vec<&str> {
         std::iter::once(self.switch.name())

@@ -29,6 +29,10 @@ pub mod names {
     pub const PORT_INDEX: &str = "PORT_INDEX";
     /// `ProgramArray`: the aggregation programs ([`super::programs::AGGREGATE`]).
     pub const AGGREGATE: &str = "AGGREGATE";
+    /// `PerCpuArray<Scratch>` with one entry: the ingress path's per-CPU
+    /// hand-off from `xina_switch` to the aggregation program it tail-calls
+    /// (private to the programs; pinned so an upgraded switch shares it).
+    pub const SCRATCH: &str = "SCRATCH";
     /// `Array<u32>` with one entry: the egress ifindex the test entry point
     /// of the egress program pretends to run on.
     pub const TEST_EGRESS_IFINDEX: &str = "TEST_EGRESS_IFINDEX";

@@ -210,23 +210,7 @@ impl Config {
     /// # Errors
     /// The first problem found, naming its field.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let config: Self = toml::from_str(text).map_err(|e| {
-            let message = e.message().trim().to_owned();
-            let field = e.span().map_or_else(
-                || "file".to_owned(),
-                |span| {
-                    // toml points at the offending value; name its key too.
-                    let start = text[..span.start].rfind('\n').map_or(0, |i| i + 1);
-                    let line_no = text[..start].matches('\n').count() + 1;
-                    let line = text[start..].lines().next().unwrap_or("");
-                    match line.split_once('=') {
-                        Some((key, _)) => format!("line {line_no} ({})", key.trim()),
-                        None => format!("line {line_no}"),
-                    }
-                },
-            );
-            err(field, message)
-        })?;
+        let config: Self = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
         config.check()?;
         Ok(config)
     }
@@ -272,29 +256,8 @@ impl Config {
             if !ids.insert(job.id) {
                 return Err(err(at("id"), format!("job {} is defined twice", job.id)));
             }
-            let max = DType::from(job.dtype).max_elems();
-            if job.elems_per_packet == 0 || usize::from(job.elems_per_packet) > max {
-                return Err(err(
-                    at("elems_per_packet"),
-                    format!(
-                        "{} (must be 1..={max} for {:?}, so a packet fits a 1500-byte MTU)",
-                        job.elems_per_packet, job.dtype
-                    ),
-                ));
-            }
-            if job.slot_count == 0 {
-                return Err(err(at("slot_count"), "0 (a job needs at least one slot)"));
-            }
+            check_job(&format!("jobs[{j}]."), job, &sw.ports, sw.slot_pool)?;
             let end = u64::from(job.slot_base) + u64::from(job.slot_count);
-            if end > u64::from(sw.slot_pool) {
-                return Err(err(
-                    at("slot_count"),
-                    format!(
-                        "slots {}..{end} do not fit the pool of {} slots",
-                        job.slot_base, sw.slot_pool
-                    ),
-                ));
-            }
             for (k, other) in self.jobs[..j].iter().enumerate() {
                 let other_end = u64::from(other.slot_base) + u64::from(other.slot_count);
                 if u64::from(job.slot_base) < other_end && u64::from(other.slot_base) < end {
@@ -306,72 +269,6 @@ impl Config {
                         ),
                     ));
                 }
-            }
-            self.check_members(j, job)?;
-        }
-        Ok(())
-    }
-
-    fn check_members(&self, j: usize, job: &Job) -> Result<(), ConfigError> {
-        let n = job.members.len();
-        if n == 0 || n > MAX_RANKS {
-            return Err(err(
-                format!("jobs[{j}].members"),
-                format!("{n} members (must be 1..={MAX_RANKS})"),
-            ));
-        }
-        let mut ranks = HashSet::new();
-        let mut addrs = HashSet::new();
-        let mut ports = HashSet::new();
-        for (m, member) in job.members.iter().enumerate() {
-            let at = |f: &str| format!("jobs[{j}].members[{m}].{f}");
-            if usize::from(member.rank) >= n {
-                return Err(err(
-                    at("rank"),
-                    format!(
-                        "rank {} outside 0..{n} (ranks number the members)",
-                        member.rank
-                    ),
-                ));
-            }
-            if !ranks.insert(member.rank) {
-                return Err(err(at("rank"), format!("duplicate rank {}", member.rank)));
-            }
-            if parse_mac(&member.mac).is_none() {
-                return Err(err(
-                    at("mac"),
-                    format!("{:?} is not a MAC address (aa:bb:cc:dd:ee:ff)", member.mac),
-                ));
-            }
-            if member.ip.is_unspecified() || member.ip.is_broadcast() || member.ip.is_multicast() {
-                return Err(err(
-                    at("ip"),
-                    format!("{} is not a unicast address", member.ip),
-                ));
-            }
-            if member.port == 0 {
-                return Err(err(at("port"), "0 is not a UDP port a worker can use"));
-            }
-            if !addrs.insert((member.ip, member.port)) {
-                return Err(err(
-                    at("port"),
-                    format!("{}:{} is used by another member", member.ip, member.port),
-                ));
-            }
-            if !self.switch.ports.contains(&member.interface) {
-                return Err(err(
-                    at("interface"),
-                    format!("{} is not one of switch.ports", member.interface),
-                ));
-            }
-            if !ports.insert(&member.interface) {
-                return Err(err(
-                    at("interface"),
-                    format!(
-                        "{} already has a member of this job (one member per port and job)",
-                        member.interface
-                    ),
-                ));
             }
         }
         Ok(())
@@ -386,39 +283,284 @@ impl Config {
         &self,
         mut lookup: impl FnMut(&str) -> Option<(u32, [u8; 6])>,
     ) -> Result<Vec<JobSpec>, ConfigError> {
-        let mut jobs = Vec::with_capacity(self.jobs.len());
-        for (j, job) in self.jobs.iter().enumerate() {
-            let mut members = Vec::with_capacity(job.members.len());
-            for (m, member) in job.members.iter().enumerate() {
-                let (ifindex, port_mac) = lookup(&member.interface).ok_or_else(|| {
-                    err(
-                        format!("jobs[{j}].members[{m}].interface"),
-                        format!("interface {} does not exist", member.interface),
-                    )
-                })?;
-                members.push(MemberSpec {
-                    rank: member.rank,
-                    ip: member.ip,
-                    udp_port: member.port,
-                    mac: parse_mac(&member.mac).expect("checked by parse"),
-                    ifindex,
-                    port_mac,
-                });
-            }
-            members.sort_by_key(|m| m.rank);
-            jobs.push(JobSpec {
-                id: job.id,
-                op: job.op.into(),
-                dtype: job.dtype.into(),
-                mode: job.mode.into(),
-                elems_per_packet: job.elems_per_packet,
-                slot_base: job.slot_base,
-                slot_count: job.slot_count,
-                members,
+        self.jobs
+            .iter()
+            .enumerate()
+            .map(|(j, job)| job.resolve(&format!("jobs[{j}]."), &mut lookup))
+            .collect()
+    }
+}
+
+impl Job {
+    /// This (checked) job as a dataplane spec, looking up each member's
+    /// switch port with `lookup(name) -> (ifindex, mac)`; `prefix` starts
+    /// the field name in errors.
+    ///
+    /// # Errors
+    /// An interface that `lookup` cannot find.
+    pub fn resolve(
+        &self,
+        prefix: &str,
+        mut lookup: impl FnMut(&str) -> Option<(u32, [u8; 6])>,
+    ) -> Result<JobSpec, ConfigError> {
+        let job = self;
+        let mut members = Vec::with_capacity(job.members.len());
+        for (m, member) in job.members.iter().enumerate() {
+            let (ifindex, port_mac) = lookup(&member.interface).ok_or_else(|| {
+                err(
+                    format!("{prefix}members[{m}].interface"),
+                    format!("interface {} does not exist", member.interface),
+                )
+            })?;
+            members.push(MemberSpec {
+                rank: member.rank,
+                ip: member.ip,
+                udp_port: member.port,
+                mac: parse_mac(&member.mac).expect("checked by parse"),
+                ifindex,
+                port_mac,
             });
         }
-        Ok(jobs)
+        members.sort_by_key(|m| m.rank);
+        Ok(JobSpec {
+            id: job.id,
+            op: job.op.into(),
+            dtype: job.dtype.into(),
+            mode: job.mode.into(),
+            elems_per_packet: job.elems_per_packet,
+            slot_base: job.slot_base,
+            slot_count: job.slot_count,
+            members,
+        })
     }
+}
+
+/// Maps a TOML parse error to a [`ConfigError`] naming the line and key.
+fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
+    let message = e.message().trim().to_owned();
+    let field = e.span().map_or_else(
+        || "file".to_owned(),
+        |span| {
+            // toml points at the offending value; name its key too.
+            let start = text[..span.start].rfind('\n').map_or(0, |i| i + 1);
+            let line_no = text[..start].matches('\n').count() + 1;
+            let line = text[start..].lines().next().unwrap_or("");
+            match line.split_once('=') {
+                Some((key, _)) => format!("line {line_no} ({})", key.trim()),
+                None => format!("line {line_no}"),
+            }
+        },
+    );
+    err(field, message)
+}
+
+/// A job file, as `xina job add FILE` reads it: one job, whose slot range
+/// the control plane allocates (unless `slot_base` pins it) and whose
+/// members' MACs may be left to the neighbour table.
+///
+/// ```toml
+/// id = 7
+/// op = "sum"                  # sum | max | min
+/// dtype = "i32"               # i32 | i64
+/// mode = "allreduce"          # allreduce | reduce | reduce-scatter
+/// elems_per_packet = 256      # 1..=360 (i32), 1..=180 (i64), and within every member port's MTU
+/// slot_count = 64             # slots to allocate = the workers' window
+/// # slot_base = 128           # optional: this exact range instead of the first free one
+///
+/// [[members]]
+/// rank = 0
+/// ip = "10.77.0.1"
+/// port = 5000                 # the worker's UDP port
+/// mac = "02:00:00:00:00:01"   # optional: looked up in the neighbour table when omitted
+/// interface = "sp0"           # the switch port the worker sits behind
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobFile {
+    pub id: u32,
+    #[serde(default)]
+    pub op: OpName,
+    #[serde(default)]
+    pub dtype: DTypeName,
+    #[serde(default)]
+    pub mode: ModeName,
+    pub elems_per_packet: u16,
+    pub slot_count: u32,
+    #[serde(default)]
+    pub slot_base: Option<u32>,
+    pub members: Vec<JobMember>,
+}
+
+/// A `[[members]]` entry of a [`JobFile`].
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobMember {
+    pub rank: u8,
+    pub ip: Ipv4Addr,
+    pub port: u16,
+    #[serde(default)]
+    pub mac: Option<String>,
+    pub interface: String,
+}
+
+impl JobFile {
+    /// Parses a job file's text (syntax and field types only: the job is
+    /// checked against a switch by [`Self::check`]).
+    ///
+    /// # Errors
+    /// The first problem found, naming its line and key.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| toml_error(text, &e))
+    }
+
+    /// The job with slot range `slot_base..slot_base + slot_count` and each
+    /// member's MAC given or found by `neighbour(ip, interface)`, checked
+    /// against a switch with `ports` and a pool of `slot_pool` slots. Field
+    /// names in errors are the file's (`members[1].rank`).
+    ///
+    /// # Errors
+    /// The first problem found.
+    pub fn check(
+        &self,
+        slot_base: u32,
+        ports: &[String],
+        slot_pool: u32,
+        mut neighbour: impl FnMut(Ipv4Addr, &str) -> Option<[u8; 6]>,
+    ) -> Result<Job, ConfigError> {
+        let mut members = Vec::with_capacity(self.members.len());
+        for (m, member) in self.members.iter().enumerate() {
+            let mac = match &member.mac {
+                Some(mac) => mac.clone(),
+                None if !ports.contains(&member.interface) => String::new(),
+                None => Mac(neighbour(member.ip, &member.interface).ok_or_else(|| {
+                    err(
+                        format!("members[{m}].mac"),
+                        format!(
+                            "omitted, and {} has no entry in the neighbour table of {} \
+                             (give the MAC, or let the switch host reach the worker first)",
+                            member.ip, member.interface
+                        ),
+                    )
+                })?)
+                .to_string(),
+            };
+            members.push(Member {
+                rank: member.rank,
+                ip: member.ip,
+                port: member.port,
+                mac,
+                interface: member.interface.clone(),
+            });
+        }
+        let job = Job {
+            id: self.id,
+            op: self.op,
+            dtype: self.dtype,
+            mode: self.mode,
+            elems_per_packet: self.elems_per_packet,
+            slot_base,
+            slot_count: self.slot_count,
+            members,
+        };
+        check_job("", &job, ports, slot_pool)?;
+        Ok(job)
+    }
+}
+
+/// Checks one job's shape, slot range and members against the switch's
+/// ports and pool; `prefix` starts every field name (`jobs[0].`).
+fn check_job(
+    prefix: &str,
+    job: &Job,
+    switch_ports: &[String],
+    slot_pool: u32,
+) -> Result<(), ConfigError> {
+    let at = |f: &str| format!("{prefix}{f}");
+    let max = DType::from(job.dtype).max_elems();
+    if job.elems_per_packet == 0 || usize::from(job.elems_per_packet) > max {
+        return Err(err(
+            at("elems_per_packet"),
+            format!(
+                "{} (must be 1..={max} for {:?}, so a packet fits a 1500-byte MTU)",
+                job.elems_per_packet, job.dtype
+            ),
+        ));
+    }
+    if job.slot_count == 0 {
+        return Err(err(at("slot_count"), "0 (a job needs at least one slot)"));
+    }
+    let end = u64::from(job.slot_base) + u64::from(job.slot_count);
+    if end > u64::from(slot_pool) {
+        return Err(err(
+            at("slot_count"),
+            format!(
+                "slots {}..{end} do not fit the pool of {slot_pool} slots",
+                job.slot_base
+            ),
+        ));
+    }
+    let n = job.members.len();
+    if n == 0 || n > MAX_RANKS {
+        return Err(err(
+            at("members"),
+            format!("{n} members (must be 1..={MAX_RANKS}: the rank bitmap has 64 bits)"),
+        ));
+    }
+    let mut ranks = HashSet::new();
+    let mut addrs = HashSet::new();
+    let mut ports = HashSet::new();
+    for (m, member) in job.members.iter().enumerate() {
+        let at = |f: &str| format!("{prefix}members[{m}].{f}");
+        if usize::from(member.rank) >= n {
+            return Err(err(
+                at("rank"),
+                format!(
+                    "rank {} outside 0..{n} (ranks number the members)",
+                    member.rank
+                ),
+            ));
+        }
+        if !ranks.insert(member.rank) {
+            return Err(err(at("rank"), format!("duplicate rank {}", member.rank)));
+        }
+        if parse_mac(&member.mac).is_none() {
+            return Err(err(
+                at("mac"),
+                format!("{:?} is not a MAC address (aa:bb:cc:dd:ee:ff)", member.mac),
+            ));
+        }
+        if member.ip.is_unspecified() || member.ip.is_broadcast() || member.ip.is_multicast() {
+            return Err(err(
+                at("ip"),
+                format!("{} is not a unicast address", member.ip),
+            ));
+        }
+        if member.port == 0 {
+            return Err(err(at("port"), "0 is not a UDP port a worker can use"));
+        }
+        if !addrs.insert((member.ip, member.port)) {
+            return Err(err(
+                at("port"),
+                format!("{}:{} is used by another member", member.ip, member.port),
+            ));
+        }
+        if !switch_ports.contains(&member.interface) {
+            return Err(err(
+                at("interface"),
+                format!("{} is not a port of this switch", member.interface),
+            ));
+        }
+        if !ports.insert(&member.interface) {
+            return Err(err(
+                at("interface"),
+                format!(
+                    "{} already has a member of this job (one member per port and job)",
+                    member.interface
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -522,7 +664,7 @@ interface = "sp0"
             (
                 "interface = \"sp1\"",
                 "interface = \"sp9\"",
-                "jobs[0].members[0].interface: sp9 is not one of switch.ports",
+                "jobs[0].members[0].interface: sp9 is not a port of this switch",
             ),
             (
                 "interface = \"sp1\"",

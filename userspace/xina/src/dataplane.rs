@@ -5,16 +5,26 @@
 //! `slot`, and the `test_run_*` methods that push one frame through a
 //! program with `BPF_PROG_TEST_RUN` (no interface needed).
 //!
+//! A dataplane is either private to its process ([`Dataplane::load`]: ports
+//! detach when it is dropped) or pinned under a [`PinDir`]
+//! ([`Dataplane::load_pinned`], reopened by any process with
+//! [`Dataplane::open`], programs replaced by [`Dataplane::upgrade`]); see
+//! [`crate::pin`] for what is pinned.
+//!
 //! Network-namespace note: attaching and filling the `PORTS` devmap resolve
 //! interface indexes in the network namespace of the calling thread. Call
 //! [`Dataplane::attach`] from a thread inside the switch's namespace.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{collections::BTreeMap, net::Ipv4Addr, path::PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, DevMap, HashMap, MapData, PerCpuArray, PerCpuValues, ProgramArray},
-    programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
+    programs::{
+        ProgramError, ProgramFd, TestRun, TestRunOptions, Xdp, XdpMode,
+        links::{FdLink, PinnedLink},
+        xdp::{XdpLink, XdpLinkId},
+    },
 };
 use xina_proto::{
     DType, MAX_RANKS, Op,
@@ -24,6 +34,8 @@ use xina_proto::{
         NO_PORT_INDEX, PortKey, Slot, mode, names, programs,
     },
 };
+
+use crate::pin::{self, PinDir};
 
 /// The eBPF object built by `build.rs`.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xina"));
@@ -76,12 +88,29 @@ pub enum Error {
         #[source]
         source: ProgramError,
     },
+    #[error(
+        "interface {0} already has an XDP program (another xina switch, or another tool: \
+         `ip link show {0}`, `xina switch status`); xina does not replace it"
+    )]
+    Busy(String),
     #[error("job {job}: {what}")]
     Job { job: u32, what: String },
     #[error("job {0} is already installed")]
     JobExists(u32),
     #[error("job {0} is not installed")]
     NoSuchJob(u32),
+    #[error("program {0} is not loaded by this process (the switch was opened from its pins)")]
+    NotLoadedHere(&'static str),
+    #[error("a switch is already up at {} (`xina switch down` removes it)", dir.display())]
+    AlreadyUp { dir: PathBuf },
+    #[error("no switch is up at {} (`xina switch up` starts one)", dir.display())]
+    NotUp { dir: PathBuf },
+    #[error("{what}")]
+    Pin {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("test run of {name}")]
     TestRun {
         name: &'static str,
@@ -143,6 +172,25 @@ impl Mode {
             Self::ReduceScatter => mode::REDUCE_SCATTER,
         }
     }
+
+    /// The mode with this stored value.
+    pub const fn from_wire(v: u8) -> Option<Self> {
+        Some(match v {
+            mode::ALLREDUCE => Self::Allreduce,
+            mode::REDUCE => Self::Reduce,
+            mode::REDUCE_SCATTER => Self::ReduceScatter,
+            _ => return None,
+        })
+    }
+
+    /// The name used in job files and by `xina job`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Allreduce => "allreduce",
+            Self::Reduce => "reduce",
+            Self::ReduceScatter => "reduce-scatter",
+        }
+    }
 }
 
 /// A job, resolved to what the dataplane stores.
@@ -165,7 +213,29 @@ pub struct Port {
     pub name: String,
     pub ifindex: u32,
     pub mode: XdpMode,
-    link: XdpLinkId,
+    /// Its index in the `PORTS` devmap and the `PORT_COUNTERS` array.
+    pub index: u32,
+    link: PortLink,
+}
+
+impl Port {
+    /// Where the port's link is pinned, on a pinned switch.
+    pub fn link_pin(&self) -> Option<&std::path::Path> {
+        match &self.link {
+            PortLink::Pinned(p) if !p.as_os_str().is_empty() => Some(p),
+            _ => None,
+        }
+    }
+}
+
+/// What keeps a port's XDP program attached.
+#[derive(Debug)]
+enum PortLink {
+    /// A link owned by this process's program: dropping the dataplane
+    /// detaches it.
+    Owned(XdpLinkId),
+    /// A link pinned at this path: it stays attached without any process.
+    Pinned(PathBuf),
 }
 
 /// Counters summed over CPUs.
@@ -206,6 +276,20 @@ impl Counters {
     }
 }
 
+/// The contents of the dataplane's tables ([`Dataplane::dump`]), sorted by key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dump {
+    pub jobs: Vec<(u32, Job)>,
+    /// By (job, rank).
+    pub members: Vec<((u32, u32), Member)>,
+    /// By (job, ifindex).
+    pub port_members: Vec<((u32, u32), Member)>,
+    /// ifindex → `PORTS` index.
+    pub port_index: Vec<(u32, u32)>,
+    /// Every slot copy.
+    pub slots: Vec<Slot>,
+}
+
 /// The kernel's `enum xdp_action` values, as [`TestOutput::action`] holds them.
 pub mod xdp_action {
     pub const ABORTED: u32 = 0;
@@ -228,15 +312,28 @@ pub struct TestOutput {
 pub type Logger = aya_log::EbpfLogger<&'static dyn log::Log>;
 
 /// The loaded xina dataplane.
+///
+/// Either loaded by this process ([`Dataplane::load`]: the programs detach
+/// when it is dropped; or [`Dataplane::load_pinned`]: maps, programs and
+/// links are pinned and outlive the process), or opened from the pins a
+/// switch left ([`Dataplane::open`]): the same maps, so the same jobs,
+/// slots and counters, without loading anything.
 pub struct Dataplane {
-    ebpf: Ebpf,
+    /// The loaded programs; `None` when opened from pins.
+    programs: Option<Ebpf>,
+    maps: Maps,
     ports: Vec<Port>,
     jobs: BTreeMap<u32, JobSpec>,
     /// Each installed job's block in `JOB_COUNTERS`.
     job_counters: BTreeMap<u32, u16>,
     slot_pool: u32,
     logger: Option<Logger>,
+    /// Where the switch is pinned, if it is.
+    pins: Option<PinDir>,
 }
+
+/// The dataplane's maps by name.
+type Maps = BTreeMap<String, aya::maps::Map>;
 
 impl std::fmt::Debug for Dataplane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -244,72 +341,386 @@ impl std::fmt::Debug for Dataplane {
             .field("ports", &self.ports)
             .field("jobs", &self.jobs.keys())
             .field("slot_pool", &self.slot_pool)
+            .field("pins", &self.pins)
             .finish_non_exhaustive()
     }
 }
 
 impl Dataplane {
-    /// Loads the programs and creates the maps; attaches nothing.
+    /// Loads the programs and creates the maps; attaches nothing. Ports
+    /// attached later are detached when the dataplane is dropped.
     ///
     /// # Errors
     /// When the kernel refuses the object (no BPF rights, verifier).
     pub fn load(opts: LoadOptions) -> Result<Self, Error> {
-        let mut ebpf = EbpfLoader::new()
+        let ebpf = EbpfLoader::new()
             .map_max_entries(names::SLOTS, 2 * opts.slot_pool)
             .override_global("XINA_DEBUG", &u8::from(opts.debug), true)
             .load(EBPF_OBJECT)
             .map_err(Error::Load)?;
+        let (programs, mut maps) = load_programs(ebpf)?;
         // Without the logger the dataplane's log records are simply not read.
         let logger = if opts.debug {
-            aya_log::EbpfLogger::init(&mut ebpf).ok()
+            let id = match maps.get(pin::LOGS) {
+                Some(aya::maps::Map::RingBuf(m)) => m.info().ok().map(|i| i.id()),
+                _ => None,
+            };
+            id.and_then(logger_for_map)
         } else {
             None
         };
-        let names = [
-            programs::SWITCH,
-            programs::EGRESS,
-            programs::EGRESS_TEST,
-            programs::DROP,
-        ];
-        for name in names.into_iter().chain(programs::AGGREGATE) {
-            xdp_mut(&mut ebpf, name)?
-                .load()
-                .map_err(|source| Error::Program {
-                    name,
-                    what: "load",
-                    source,
-                })?;
-        }
-        // The aggregation programs `xina_switch` tail-calls, by index.
-        for (index, name) in (0u32..).zip(programs::AGGREGATE) {
-            let fd = xdp_mut(&mut ebpf, name)?
-                .fd()
-                .map_err(|source| Error::Program {
-                    name,
-                    what: "fd",
-                    source,
-                })?
-                .try_clone()
-                .map_err(|e| Error::Program {
-                    name,
-                    what: "fd",
-                    source: ProgramError::IOError(e),
-                })?;
-            let mut array: ProgramArray<&mut MapData> = map_mut(&mut ebpf, names::AGGREGATE)?;
-            array.set(index, &fd, 0).map_err(|source| Error::Map {
-                name: names::AGGREGATE,
-                what: format!("entry {index} ({name})"),
-                source,
-            })?;
-        }
+        let mut programs = Some(programs);
+        set_aggregate(&mut programs, &mut maps)?;
         Ok(Self {
-            ebpf,
+            programs,
+            maps,
             ports: Vec::new(),
             jobs: BTreeMap::new(),
             job_counters: BTreeMap::new(),
             slot_pool: opts.slot_pool,
             logger,
+            pins: None,
         })
+    }
+
+    /// Replaces the programs of the switch pinned under `dir` with this
+    /// build's, keeping every map: jobs, members, slots (with chunks in
+    /// flight) and counters stay as they are. The new programs are loaded
+    /// against the pinned maps; then, each step atomic, the `AGGREGATE`
+    /// entries, each port's `PORTS` entry (egress program) and each port's
+    /// link (`BPF_LINK_UPDATE`) are switched over, and the program pins
+    /// replaced. A packet runs to completion on whichever programs it met,
+    /// possibly a mix of old and new, so the two builds must agree on every
+    /// map's layout and on the per-CPU scratch hand-off (the same
+    /// `xina-proto`): nothing checks that beyond the kernel's verifier.
+    ///
+    /// # Errors
+    /// No switch at `dir`; load failures (then nothing changed); a failure
+    /// midway (then some ports run the new programs: run it again).
+    pub fn upgrade(dir: &PinDir, debug: bool) -> Result<Upgrade, Error> {
+        let old = Self::open(dir)?;
+        let before = pinned_program_ids(dir);
+        let map_paths: Vec<(&'static str, PathBuf)> = pin::MAPS
+            .into_iter()
+            .chain([pin::LOGS])
+            .map(|n| (n, dir.map(n)))
+            .collect();
+        let debug = u8::from(debug);
+        let mut loader = EbpfLoader::new();
+        loader
+            .map_max_entries(names::SLOTS, 2 * old.slot_pool)
+            .override_global("XINA_DEBUG", &debug, true);
+        for (name, path) in &map_paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let ebpf = loader.load(EBPF_OBJECT).map_err(Error::Load)?;
+        let (programs, mut maps) = load_programs(ebpf)?;
+        let mut programs = Some(programs);
+        set_aggregate(&mut programs, &mut maps)?;
+        let egress_fd = program_fd(&mut programs, programs::EGRESS)?;
+        for port in &old.ports {
+            let mut devmap: DevMap<&mut MapData> = map_mut(&mut maps, names::PORTS)?;
+            devmap
+                .set(port.index, port.ifindex, Some(&egress_fd), 0)
+                .map_err(|source| Error::Port {
+                    ifname: port.name.clone(),
+                    source,
+                })?;
+            let Some(path) = port.link_pin() else {
+                continue;
+            };
+            let relink = |e: String| Error::Pin {
+                what: format!("{}: replacing the program of {}", port.name, path.display()),
+                source: std::io::Error::other(e),
+            };
+            let link = PinnedLink::from_pin(path).map_err(|e| relink(e.to_string()))?;
+            let link = XdpLink::try_from(FdLink::from(link)).map_err(|e| relink(e.to_string()))?;
+            let prog = xdp_mut(&mut programs, programs::SWITCH)?;
+            let id = prog
+                .attach_to_link(link)
+                .map_err(|e| relink(e.to_string()))?;
+            // Closing our descriptor leaves the link to its pin.
+            drop(prog.take_link(id).map_err(|e| relink(e.to_string()))?);
+        }
+        for name in pin::PROGRAMS {
+            let path = dir.prog(name);
+            let _ = std::fs::remove_file(&path);
+            xdp_mut(&mut programs, name)?
+                .pin(&path)
+                .map_err(|e| Error::Pin {
+                    what: format!("pinning program {name} at {}", path.display()),
+                    source: std::io::Error::other(e),
+                })?;
+        }
+        Ok(Upgrade {
+            before,
+            after: pinned_program_ids(dir),
+            ports: old.ports.iter().map(|p| p.name.clone()).collect(),
+        })
+    }
+
+    /// Loads the dataplane like [`Self::load`] and pins its maps and its
+    /// switch and egress programs under `dir`; ports attached later are
+    /// pinned links. The switch then lives without any process until
+    /// [`Self::destroy`] (or [`crate::pin::remove`]) removes the pins.
+    ///
+    /// # Errors
+    /// [`Error::AlreadyUp`] when `dir` exists; load and pin failures (then
+    /// nothing stays pinned).
+    pub fn load_pinned(opts: LoadOptions, dir: &PinDir) -> Result<Self, Error> {
+        // Creating the directory claims the name: of two concurrent `up`s
+        // one gets `AlreadyUp` and never touches the other's pins.
+        if let Some(root) = dir.path().parent() {
+            std::fs::create_dir_all(root).map_err(|source| Error::Pin {
+                what: format!("creating {}", root.display()),
+                source,
+            })?;
+        }
+        match std::fs::create_dir(dir.path()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(Error::AlreadyUp {
+                    dir: dir.path().to_owned(),
+                });
+            }
+            Err(source) => {
+                return Err(Error::Pin {
+                    what: format!("creating {}", dir.path().display()),
+                    source,
+                });
+            }
+        }
+        let loaded = Self::load(opts);
+        let mut dp = match loaded {
+            Ok(dp) => dp,
+            Err(e) => {
+                let _ = std::fs::remove_dir(dir.path());
+                return Err(e);
+            }
+        };
+        let pinned = dp.pin_to(dir);
+        if let Err(e) = pinned {
+            if let Err(rm) = pin::remove(dir) {
+                log::warn!("removing {}: {rm}", dir.path().display());
+            }
+            return Err(e);
+        }
+        dp.pins = Some(dir.clone());
+        Ok(dp)
+    }
+
+    fn pin_to(&mut self, dir: &PinDir) -> Result<(), Error> {
+        let io = |what: String| move |source| Error::Pin { what, source };
+        for sub in [dir.maps(), dir.links(), dir.progs()] {
+            std::fs::create_dir_all(&sub).map_err(io(format!("creating {}", sub.display())))?;
+        }
+        for name in pin::MAPS.into_iter().chain([pin::LOGS]) {
+            let map = self.maps.get(name).ok_or(Error::MissingMap(name))?;
+            let path = dir.map(name);
+            map.pin(&path).map_err(|e| Error::Pin {
+                what: format!("pinning map {name} at {}", path.display()),
+                source: std::io::Error::other(e),
+            })?;
+        }
+        for name in pin::PROGRAMS {
+            let path = dir.prog(name);
+            xdp_mut(&mut self.programs, name)?
+                .pin(&path)
+                .map_err(|e| Error::Pin {
+                    what: format!("pinning program {name} at {}", path.display()),
+                    source: std::io::Error::other(e),
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Opens the switch pinned under `dir`: its maps, its ports (from the
+    /// `PORT_INDEX` map and the pinned links) and its jobs (from the `JOBS`
+    /// and `MEMBERS` maps). Loads nothing: the `test_run_*` methods and
+    /// [`Self::attach`] are not available on the result; dropping it leaves
+    /// the switch as it is.
+    ///
+    /// # Errors
+    /// [`Error::NotUp`] when `dir` does not exist; a pin or map entry that
+    /// cannot be read.
+    pub fn open(dir: &PinDir) -> Result<Self, Error> {
+        if !dir.exists() {
+            return Err(Error::NotUp {
+                dir: dir.path().to_owned(),
+            });
+        }
+        let mut maps = Maps::new();
+        let mut slot_pool = 0;
+        for name in pin::MAPS {
+            let path = dir.map(name);
+            let data = MapData::from_pin(&path).map_err(|source| Error::Map {
+                name,
+                what: format!("opening pin {}", path.display()),
+                source,
+            })?;
+            if name == names::SLOTS {
+                let info = data.info().map_err(|source| Error::Map {
+                    name,
+                    what: "info".to_owned(),
+                    source,
+                })?;
+                slot_pool = info.max_entries() / 2;
+            }
+            let map = aya::maps::Map::from_map_data(data).map_err(|source| Error::Map {
+                name,
+                what: "type".to_owned(),
+                source,
+            })?;
+            maps.insert(name.to_owned(), map);
+        }
+        let mut dp = Self {
+            programs: None,
+            maps,
+            ports: Vec::new(),
+            jobs: BTreeMap::new(),
+            job_counters: BTreeMap::new(),
+            slot_pool,
+            logger: None,
+            pins: Some(dir.clone()),
+        };
+        dp.read_ports(dir)?;
+        dp.read_jobs()?;
+        Ok(dp)
+    }
+
+    fn read_ports(&mut self, dir: &PinDir) -> Result<(), Error> {
+        let links = dir.link_pins().map_err(|source| Error::Pin {
+            what: format!("listing {}", dir.links().display()),
+            source,
+        })?;
+        let by_ifindex: HashMap<&MapData, u32, u32> = map_ref(&self.maps, names::PORT_INDEX)?;
+        for item in &by_ifindex {
+            let (ifindex, index) = item.map_err(|source| Error::Map {
+                name: names::PORT_INDEX,
+                what: "iterating".to_owned(),
+                source,
+            })?;
+            // The link pin names the port; without one (a half-removed
+            // switch), ask this thread's network namespace.
+            let (name, mode, path) = match links.iter().find(|l| l.ifindex == ifindex) {
+                Some(l) => (l.ifname.clone(), l.mode, l.path.clone()),
+                None => (
+                    crate::netdev::name(ifindex).unwrap_or_else(|| format!("ifindex {ifindex}")),
+                    XdpMode::default(),
+                    PathBuf::new(),
+                ),
+            };
+            self.ports.push(Port {
+                name,
+                ifindex,
+                mode,
+                index,
+                link: PortLink::Pinned(path),
+            });
+        }
+        self.ports.sort_by_key(|p| p.index);
+        Ok(())
+    }
+
+    fn read_jobs(&mut self) -> Result<(), Error> {
+        let jobs: HashMap<&MapData, u32, Job> = map_ref(&self.maps, names::JOBS)?;
+        let members: HashMap<&MapData, MemberKey, Member> = map_ref(&self.maps, names::MEMBERS)?;
+        let mut out = Vec::new();
+        for item in &jobs {
+            let (id, job) = item.map_err(|source| Error::Map {
+                name: names::JOBS,
+                what: "iterating".to_owned(),
+                source,
+            })?;
+            let bad = |what: String| Error::Job { job: id, what };
+            let op = Op::from_u8(job.op).ok_or_else(|| bad(format!("pinned op {}", job.op)))?;
+            let dtype = DType::from_u8(job.dtype)
+                .ok_or_else(|| bad(format!("pinned dtype {}", job.dtype)))?;
+            let mode = Mode::from_wire(job.mode)
+                .ok_or_else(|| bad(format!("pinned mode {}", job.mode)))?;
+            let mut specs = Vec::with_capacity(usize::from(job.fan_in));
+            for rank in 0..u32::from(job.fan_in) {
+                let m = members
+                    .get(&MemberKey { job: id, rank }, 0)
+                    .map_err(|source| Error::Map {
+                        name: names::MEMBERS,
+                        what: format!("job {id} rank {rank}"),
+                        source,
+                    })?;
+                specs.push(MemberSpec {
+                    rank: u8::try_from(rank).expect("fan_in is a u8"),
+                    ip: Ipv4Addr::from(m.ip),
+                    udp_port: u16::from_be_bytes(m.port),
+                    mac: m.mac,
+                    ifindex: m.ifindex,
+                    port_mac: m.port_mac,
+                });
+            }
+            out.push((
+                JobSpec {
+                    id,
+                    op,
+                    dtype,
+                    mode,
+                    elems_per_packet: job.elems,
+                    slot_base: job.slot_base,
+                    slot_count: job.slot_count,
+                    members: specs,
+                },
+                job.counters,
+            ));
+        }
+        for (spec, counters) in out {
+            self.job_counters.insert(spec.id, counters);
+            self.jobs.insert(spec.id, spec);
+        }
+        Ok(())
+    }
+
+    /// A reader of the log records of the switch pinned under `dir`, for a
+    /// process other than the one that brought it up (records appear only
+    /// when the switch runs with `debug`). One reader at a time: records
+    /// are consumed.
+    ///
+    /// # Errors
+    /// No switch there, or its log map cannot be opened.
+    pub fn open_logger(dir: &PinDir) -> Result<Logger, Error> {
+        let path = dir.map(pin::LOGS);
+        let data = MapData::from_pin(&path).map_err(|source| Error::Map {
+            name: pin::LOGS,
+            what: format!("opening pin {}", path.display()),
+            source,
+        })?;
+        let id = data
+            .info()
+            .map_err(|source| Error::Map {
+                name: pin::LOGS,
+                what: "info".to_owned(),
+                source,
+            })?
+            .id();
+        logger_for_map(id).ok_or(Error::MissingMap(pin::LOGS))
+    }
+
+    /// Where this switch is pinned, if it is.
+    pub fn pins(&self) -> Option<&PinDir> {
+        self.pins.as_ref()
+    }
+
+    /// Detaches every port and removes the switch's pins: nothing of it
+    /// stays in the kernel once this process lets go of it.
+    ///
+    /// # Errors
+    /// When a pin cannot be removed (the rest are still removed).
+    pub fn destroy(mut self) -> Result<(), Error> {
+        self.detach_all();
+        match self.pins.take() {
+            Some(dir) => pin::remove(&dir).map(drop).map_err(|source| Error::Pin {
+                what: format!("removing {}", dir.path().display()),
+                source,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// The reader of the dataplane's log records, when loaded with `debug`.
@@ -333,8 +744,14 @@ impl Dataplane {
         self.jobs.values()
     }
 
+    /// Installed job `id`.
+    pub fn job(&self, id: u32) -> Option<&JobSpec> {
+        self.jobs.get(&id)
+    }
+
     /// Makes `ifname` a switch port: attaches the ingress program and adds
-    /// the port, with the egress program, to the broadcast devmap.
+    /// the port, with the egress program, to the broadcast devmap. On a
+    /// pinned dataplane the link is pinned too.
     ///
     /// # Errors
     /// Unknown interface, already attached, too many ports, attach failure.
@@ -342,26 +759,14 @@ impl Dataplane {
         if self.ports.iter().any(|p| p.name == ifname) {
             return Err(Error::AlreadyAttached(ifname.to_owned()));
         }
-        let index = u32::try_from(self.ports.len()).map_err(|_| Error::TooManyPorts)?;
-        if index >= MAX_PORTS {
-            return Err(Error::TooManyPorts);
-        }
+        // The lowest free devmap index.
+        let index = (0u32..MAX_PORTS)
+            .find(|i| self.ports.iter().all(|p| p.index != *i))
+            .ok_or(Error::TooManyPorts)?;
         let ifindex = crate::netdev::ifindex(ifname)
             .ok_or_else(|| Error::UnknownInterface(ifname.to_owned()))?;
-        let egress_fd = xdp_mut(&mut self.ebpf, programs::EGRESS)?
-            .fd()
-            .map_err(|source| Error::Program {
-                name: programs::EGRESS,
-                what: "fd",
-                source,
-            })?
-            .try_clone()
-            .map_err(|e| Error::Program {
-                name: programs::EGRESS,
-                what: "fd",
-                source: ProgramError::IOError(e),
-            })?;
-        let mut ports: DevMap<&mut MapData> = map_mut(&mut self.ebpf, names::PORTS)?;
+        let egress_fd = program_fd(&mut self.programs, programs::EGRESS)?;
+        let mut ports: DevMap<&mut MapData> = map_mut(&mut self.maps, names::PORTS)?;
         ports
             .set(index, ifindex, Some(&egress_fd), 0)
             .map_err(|source| Error::Port {
@@ -371,7 +776,7 @@ impl Dataplane {
         self.reset_counter_block(names::PORT_COUNTERS, index)?;
         {
             let mut by_ifindex: HashMap<&mut MapData, u32, u32> =
-                map_mut(&mut self.ebpf, names::PORT_INDEX)?;
+                map_mut(&mut self.maps, names::PORT_INDEX)?;
             by_ifindex
                 .insert(ifindex, index, 0)
                 .map_err(|source| Error::Map {
@@ -380,52 +785,105 @@ impl Dataplane {
                     source,
                 })?;
         }
-        let attached = xdp_mut(&mut self.ebpf, programs::SWITCH)?.attach_to_if_index(ifindex, mode);
+        let attached = self.attach_link(ifname, ifindex, mode);
         let link = match attached {
             Ok(link) => link,
-            Err(source) => {
+            Err(e) => {
                 // Leave the maps as they were: the port does not exist.
                 self.clear_port_slot(index, ifindex);
-                return Err(Error::Attach {
-                    ifname: ifname.to_owned(),
-                    mode,
-                    source,
-                });
+                return Err(e);
             }
         };
         self.ports.push(Port {
             name: ifname.to_owned(),
             ifindex,
             mode,
+            index,
             link,
         });
         Ok(self.ports.last().expect("just pushed"))
     }
 
+    fn attach_link(
+        &mut self,
+        ifname: &str,
+        ifindex: u32,
+        mode: XdpMode,
+    ) -> Result<PortLink, Error> {
+        let prog = xdp_mut(&mut self.programs, programs::SWITCH)?;
+        let id = prog.attach_to_if_index(ifindex, mode).map_err(|source| {
+            let busy = matches!(&source, ProgramError::SyscallError(e)
+                    if matches!(e.io_error.raw_os_error(), Some(libc::EBUSY | libc::EEXIST)));
+            if busy {
+                Error::Busy(ifname.to_owned())
+            } else {
+                Error::Attach {
+                    ifname: ifname.to_owned(),
+                    mode,
+                    source,
+                }
+            }
+        })?;
+        let Some(dir) = &self.pins else {
+            return Ok(PortLink::Owned(id));
+        };
+        let path = dir.link(ifname, ifindex, mode);
+        let pinned = prog
+            .take_link(id)
+            .map_err(|source| Error::Attach {
+                ifname: ifname.to_owned(),
+                mode,
+                source,
+            })
+            .and_then(|link| {
+                FdLink::try_from(link).map_err(|e| Error::Pin {
+                    what: format!("{ifname}: the XDP attachment is not a bpf_link ({e})"),
+                    source: std::io::Error::other(e),
+                })
+            })
+            .and_then(|link| {
+                link.pin(&path).map_err(|e| Error::Pin {
+                    what: format!("pinning the link of {ifname} at {}", path.display()),
+                    source: std::io::Error::other(e),
+                })
+            });
+        // On error the link was dropped, which detached it.
+        pinned.map(|_| PortLink::Pinned(path))
+    }
+
     fn clear_port_slot(&mut self, index: u32, ifindex: u32) {
-        if let Ok(mut ports) = map_mut::<DevMap<&mut MapData>>(&mut self.ebpf, names::PORTS) {
+        if let Ok(mut ports) = map_mut::<DevMap<&mut MapData>>(&mut self.maps, names::PORTS) {
             // An entry with ifindex 0 is what an unused devmap slot holds;
             // the broadcast skips it.
             let _ = ports.set(index, 0, None, 0);
         }
         if let Ok(mut by_ifindex) =
-            map_mut::<HashMap<&mut MapData, u32, u32>>(&mut self.ebpf, names::PORT_INDEX)
+            map_mut::<HashMap<&mut MapData, u32, u32>>(&mut self.maps, names::PORT_INDEX)
         {
             let _ = by_ifindex.remove(&ifindex);
         }
     }
 
-    /// Detaches every port. Also done on drop.
+    /// Detaches every port (removing pinned links). Also done on drop of a
+    /// dataplane that is not pinned.
     pub fn detach_all(&mut self) {
         let ports = std::mem::take(&mut self.ports);
-        for (index, port) in ports.into_iter().enumerate().rev() {
-            if let Ok(prog) = xdp_mut(&mut self.ebpf, programs::SWITCH)
-                && let Err(e) = prog.detach(port.link)
-            {
-                log::warn!("detaching from {}: {e}", port.name);
+        for port in ports.into_iter().rev() {
+            match port.link {
+                PortLink::Owned(id) => {
+                    if let Ok(prog) = xdp_mut(&mut self.programs, programs::SWITCH)
+                        && let Err(e) = prog.detach(id)
+                    {
+                        log::warn!("detaching from {}: {e}", port.name);
+                    }
+                }
+                PortLink::Pinned(path) => {
+                    if let Err(e) = pin::unpin_link(&path) {
+                        log::warn!("detaching from {}: {e}", port.name);
+                    }
+                }
             }
-            let index = u32::try_from(index).expect("at most MAX_PORTS ports");
-            self.clear_port_slot(index, port.ifindex);
+            self.clear_port_slot(port.index, port.ifindex);
         }
     }
 
@@ -441,7 +899,7 @@ impl Dataplane {
         let cpus = aya::util::nr_cpus().map_err(|(what, e)| invalid(format!("{what}: {e}")))?;
         let zero = PerCpuValues::try_from(vec![[0u64; Counter::COUNT]; cpus])
             .map_err(|e| invalid(format!("per-CPU values: {e}")))?;
-        let mut map: PerCpuArray<&mut MapData, CounterBlock> = map_mut(&mut self.ebpf, name)?;
+        let mut map: PerCpuArray<&mut MapData, CounterBlock> = map_mut(&mut self.maps, name)?;
         map.set(index, zero, 0).map_err(|source| Error::Map {
             name,
             what: format!("entry {index}"),
@@ -450,7 +908,7 @@ impl Dataplane {
     }
 
     fn counter_block(&self, name: &'static str, index: u32) -> Result<Counters, Error> {
-        let map: PerCpuArray<&MapData, CounterBlock> = map_ref(&self.ebpf, name)?;
+        let map: PerCpuArray<&MapData, CounterBlock> = map_ref(&self.maps, name)?;
         let values = map.get(&index, 0).map_err(|source| Error::Map {
             name,
             what: format!("reading entry {index}"),
@@ -467,8 +925,10 @@ impl Dataplane {
 
     /// The `PORTS` (and `PORT_COUNTERS`) index of the port with this ifindex.
     pub fn port_index(&self, ifindex: u32) -> Option<u32> {
-        let i = self.ports.iter().position(|p| p.ifindex == ifindex)?;
-        Some(u32::try_from(i).expect("at most MAX_PORTS ports"))
+        self.ports
+            .iter()
+            .find(|p| p.ifindex == ifindex)
+            .map(|p| p.index)
     }
 
     /// The counters of installed job `id`, summed over CPUs.
@@ -580,7 +1040,7 @@ impl Dataplane {
         let map_err =
             |name: &'static str, what: String| move |source| Error::Map { name, what, source };
         {
-            let mut slots: Array<&mut MapData, Slot> = map_mut(&mut self.ebpf, names::SLOTS)?;
+            let mut slots: Array<&mut MapData, Slot> = map_mut(&mut self.maps, names::SLOTS)?;
             let empty = Slot::default();
             for i in 2 * job.slot_base..2 * (job.slot_base + job.slot_count) {
                 slots
@@ -590,7 +1050,7 @@ impl Dataplane {
         }
         {
             let mut members: HashMap<&mut MapData, MemberKey, Member> =
-                map_mut(&mut self.ebpf, names::MEMBERS)?;
+                map_mut(&mut self.maps, names::MEMBERS)?;
             for m in &job.members {
                 let key = MemberKey {
                     job: job.id,
@@ -606,7 +1066,7 @@ impl Dataplane {
         }
         {
             let mut by_port: HashMap<&mut MapData, PortKey, Member> =
-                map_mut(&mut self.ebpf, names::PORT_MEMBERS)?;
+                map_mut(&mut self.maps, names::PORT_MEMBERS)?;
             for m in &job.members {
                 let key = PortKey {
                     job: job.id,
@@ -638,7 +1098,7 @@ impl Dataplane {
         };
         self.reset_counter_block(names::JOB_COUNTERS, u32::from(counters))?;
         // The job entry goes last: until it exists, no packet reaches the slots.
-        let mut jobs: HashMap<&mut MapData, u32, Job> = map_mut(&mut self.ebpf, names::JOBS)?;
+        let mut jobs: HashMap<&mut MapData, u32, Job> = map_mut(&mut self.maps, names::JOBS)?;
         jobs.insert(job.id, value, 0)
             .map_err(map_err(names::JOBS, format!("job {}", job.id)))
     }
@@ -646,12 +1106,12 @@ impl Dataplane {
     /// Removes whatever the dataplane holds of `job` (ignoring absent entries).
     fn erase_job(&mut self, job: &JobSpec) {
         if let Ok(mut jobs) =
-            map_mut::<HashMap<&mut MapData, u32, Job>>(&mut self.ebpf, names::JOBS)
+            map_mut::<HashMap<&mut MapData, u32, Job>>(&mut self.maps, names::JOBS)
         {
             let _ = jobs.remove(&job.id);
         }
         if let Ok(mut members) =
-            map_mut::<HashMap<&mut MapData, MemberKey, Member>>(&mut self.ebpf, names::MEMBERS)
+            map_mut::<HashMap<&mut MapData, MemberKey, Member>>(&mut self.maps, names::MEMBERS)
         {
             for m in &job.members {
                 let _ = members.remove(&MemberKey {
@@ -661,7 +1121,7 @@ impl Dataplane {
             }
         }
         if let Ok(mut by_port) =
-            map_mut::<HashMap<&mut MapData, PortKey, Member>>(&mut self.ebpf, names::PORT_MEMBERS)
+            map_mut::<HashMap<&mut MapData, PortKey, Member>>(&mut self.maps, names::PORT_MEMBERS)
         {
             for m in &job.members {
                 let _ = by_port.remove(&PortKey {
@@ -688,7 +1148,7 @@ impl Dataplane {
     /// # Errors
     /// When the map cannot be read.
     pub fn counters(&self) -> Result<Counters, Error> {
-        let map: PerCpuArray<&MapData, u64> = map_ref(&self.ebpf, names::COUNTERS)?;
+        let map: PerCpuArray<&MapData, u64> = map_ref(&self.maps, names::COUNTERS)?;
         let mut out = Counters::default();
         for c in Counter::ALL {
             let values = map.get(&(c as u32), 0).map_err(|source| Error::Map {
@@ -701,12 +1161,72 @@ impl Dataplane {
         Ok(out)
     }
 
+    /// Every entry of the job, member, port and slot maps, for tests that
+    /// check an operation left the dataplane as it was (and for debugging).
+    ///
+    /// # Errors
+    /// When a map cannot be read.
+    pub fn dump(&self) -> Result<Dump, Error> {
+        fn entries<K: aya::Pod + Ord + Copy, V: aya::Pod>(
+            maps: &Maps,
+            name: &'static str,
+        ) -> Result<Vec<(K, V)>, Error> {
+            let map: HashMap<&MapData, K, V> = map_ref(maps, name)?;
+            let mut out = map
+                .iter()
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|source| Error::Map {
+                    name,
+                    what: "iterating".to_owned(),
+                    source,
+                })?;
+            out.sort_by_key(|a| a.0);
+            Ok(out)
+        }
+        let key = |k: MemberKey| (k.job, k.rank);
+        let port_key = |k: PortKey| (k.job, k.ifindex);
+        let members: HashMap<&MapData, MemberKey, Member> = map_ref(&self.maps, names::MEMBERS)?;
+        let port_members: HashMap<&MapData, PortKey, Member> =
+            map_ref(&self.maps, names::PORT_MEMBERS)?;
+        let read_err = |name| {
+            move |source| Error::Map {
+                name,
+                what: "iterating".to_owned(),
+                source,
+            }
+        };
+        let mut member_list = members
+            .iter()
+            .map(|r| r.map(|(k, v)| (key(k), v)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(read_err(names::MEMBERS))?;
+        member_list.sort_by_key(|e| e.0);
+        let mut port_member_list = port_members
+            .iter()
+            .map(|r| r.map(|(k, v)| (port_key(k), v)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(read_err(names::PORT_MEMBERS))?;
+        port_member_list.sort_by_key(|e| e.0);
+        let slots: Array<&MapData, Slot> = map_ref(&self.maps, names::SLOTS)?;
+        let slots = slots
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(read_err(names::SLOTS))?;
+        Ok(Dump {
+            jobs: entries(&self.maps, names::JOBS)?,
+            members: member_list,
+            port_members: port_member_list,
+            port_index: entries(&self.maps, names::PORT_INDEX)?,
+            slots,
+        })
+    }
+
     /// Copy `version` of slot `slot` of the pool (absolute index).
     ///
     /// # Errors
     /// When the index is outside the pool.
     pub fn slot(&self, slot: u32, version: bool) -> Result<Slot, Error> {
-        let map: Array<&MapData, Slot> = map_ref(&self.ebpf, names::SLOTS)?;
+        let map: Array<&MapData, Slot> = map_ref(&self.maps, names::SLOTS)?;
         let index = 2 * slot + u32::from(version);
         map.get(&index, 0).map_err(|source| Error::Map {
             name: names::SLOTS,
@@ -727,7 +1247,7 @@ impl Dataplane {
         ingress_ifindex: u32,
     ) -> Result<TestOutput, Error> {
         run(
-            xdp_mut(&mut self.ebpf, programs::SWITCH)?,
+            xdp_mut(&mut self.programs, programs::SWITCH)?,
             programs::SWITCH,
             frame,
             ingress_ifindex,
@@ -745,7 +1265,7 @@ impl Dataplane {
         repeat: u32,
     ) -> Result<(TestOutput, std::time::Duration), Error> {
         run_timed(
-            xdp_mut(&mut self.ebpf, programs::DROP)?,
+            xdp_mut(&mut self.programs, programs::DROP)?,
             programs::DROP,
             frame,
             0,
@@ -765,7 +1285,7 @@ impl Dataplane {
         repeat: u32,
     ) -> Result<(TestOutput, std::time::Duration), Error> {
         run_timed(
-            xdp_mut(&mut self.ebpf, programs::SWITCH)?,
+            xdp_mut(&mut self.programs, programs::SWITCH)?,
             programs::SWITCH,
             frame,
             0,
@@ -785,7 +1305,7 @@ impl Dataplane {
     ) -> Result<TestOutput, Error> {
         {
             let mut m: Array<&mut MapData, u32> =
-                map_mut(&mut self.ebpf, names::TEST_EGRESS_IFINDEX)?;
+                map_mut(&mut self.maps, names::TEST_EGRESS_IFINDEX)?;
             m.set(0, egress_ifindex, 0).map_err(|source| Error::Map {
                 name: names::TEST_EGRESS_IFINDEX,
                 what: "set".to_owned(),
@@ -793,7 +1313,7 @@ impl Dataplane {
             })?;
         }
         run(
-            xdp_mut(&mut self.ebpf, programs::EGRESS_TEST)?,
+            xdp_mut(&mut self.programs, programs::EGRESS_TEST)?,
             programs::EGRESS_TEST,
             frame,
             0,
@@ -802,18 +1322,111 @@ impl Dataplane {
 }
 
 impl Drop for Dataplane {
+    /// Detaches the ports of a dataplane that is not pinned; a pinned one
+    /// stays as it is.
     fn drop(&mut self) {
-        self.detach_all();
+        if self.pins.is_none() {
+            self.detach_all();
+        }
     }
+}
+
+/// A log reader on the aya-log ring buffer with kernel id `map_id`, found
+/// through a loaded program that uses it (aya-log opens it by program).
+fn logger_for_map(map_id: u32) -> Option<Logger> {
+    let prog = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .find(|p| {
+            p.map_ids()
+                .ok()
+                .flatten()
+                .is_some_and(|ids| ids.contains(&map_id))
+        })?;
+    aya_log::EbpfLogger::init_from_id(prog.id()).ok()
+}
+
+/// Loads every program of `ebpf` and takes its maps out of it.
+fn load_programs(ebpf: Ebpf) -> Result<(Ebpf, Maps), Error> {
+    let names = [
+        programs::SWITCH,
+        programs::EGRESS,
+        programs::EGRESS_TEST,
+        programs::DROP,
+    ];
+    let mut ebpf = Some(ebpf);
+    for name in names.into_iter().chain(programs::AGGREGATE) {
+        xdp_mut(&mut ebpf, name)?
+            .load()
+            .map_err(|source| Error::Program {
+                name,
+                what: "load",
+                source,
+            })?;
+    }
+    let mut ebpf = ebpf.expect("set above");
+    let map_names: Vec<String> = ebpf.maps().map(|(n, _)| n.to_owned()).collect();
+    let maps = map_names
+        .into_iter()
+        .filter_map(|name| ebpf.take_map(&name).map(|m| (name, m)))
+        .collect();
+    Ok((ebpf, maps))
+}
+
+/// Points the `AGGREGATE` program array at the loaded aggregation
+/// programs, by index: what `xina_switch` tail-calls.
+fn set_aggregate(programs: &mut Option<Ebpf>, maps: &mut Maps) -> Result<(), Error> {
+    for (index, name) in (0u32..).zip(programs::AGGREGATE) {
+        let fd = program_fd(programs, name)?;
+        let mut array: ProgramArray<&mut MapData> = map_mut(maps, names::AGGREGATE)?;
+        array.set(index, &fd, 0).map_err(|source| Error::Map {
+            name: names::AGGREGATE,
+            what: format!("entry {index} ({name})"),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// The kernel ids of the programs pinned under `dir`, by name.
+pub fn pinned_program_ids(dir: &PinDir) -> BTreeMap<&'static str, u32> {
+    pin::PROGRAMS
+        .iter()
+        .filter_map(|name| {
+            let info = aya::programs::ProgramInfo::from_pin(dir.prog(name)).ok()?;
+            Some((*name, info.id()))
+        })
+        .collect()
+}
+
+/// What [`Dataplane::upgrade`] replaced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Upgrade {
+    /// Pinned program ids before and after.
+    pub before: BTreeMap<&'static str, u32>,
+    pub after: BTreeMap<&'static str, u32>,
+    /// The ports now running the new switch program.
+    pub ports: Vec<String>,
+}
+
+/// A clone of the descriptor of loaded program `name`.
+fn program_fd(ebpf: &mut Option<Ebpf>, name: &'static str) -> Result<ProgramFd, Error> {
+    let fd = xdp_mut(ebpf, name)?.fd().map_err(|source| Error::Program {
+        name,
+        what: "fd",
+        source,
+    })?;
+    fd.try_clone().map_err(|e| Error::Program {
+        name,
+        what: "fd",
+        source: ProgramError::IOError(e),
+    })
 }
 
 fn member_value(m: &MemberSpec, ports: &[Port]) -> Member {
     let port_index = ports
         .iter()
-        .position(|p| p.ifindex == m.ifindex)
-        .map_or(NO_PORT_INDEX, |i| {
-            u32::try_from(i).expect("at most MAX_PORTS ports")
-        });
+        .find(|p| p.ifindex == m.ifindex)
+        .map_or(NO_PORT_INDEX, |p| p.index);
     Member {
         ip: m.ip.octets(),
         port: m.udp_port.to_be_bytes(),
@@ -868,8 +1481,10 @@ fn run_timed(
     ))
 }
 
-fn xdp_mut<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp, Error> {
-    ebpf.program_mut(name)
+fn xdp_mut<'a>(ebpf: &'a mut Option<Ebpf>, name: &'static str) -> Result<&'a mut Xdp, Error> {
+    ebpf.as_mut()
+        .ok_or(Error::NotLoadedHere(name))?
+        .program_mut(name)
         .ok_or(Error::MissingProgram(name))?
         .try_into()
         .map_err(|source| Error::Program {
@@ -879,11 +1494,11 @@ fn xdp_mut<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp, Er
         })
 }
 
-fn map_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<T, Error>
+fn map_mut<'a, T>(maps: &'a mut Maps, name: &'static str) -> Result<T, Error>
 where
     T: TryFrom<&'a mut aya::maps::Map, Error = aya::maps::MapError>,
 {
-    let map = ebpf.map_mut(name).ok_or(Error::MissingMap(name))?;
+    let map = maps.get_mut(name).ok_or(Error::MissingMap(name))?;
     T::try_from(map).map_err(|source| Error::Map {
         name,
         what: "type".to_owned(),
@@ -891,11 +1506,11 @@ where
     })
 }
 
-fn map_ref<'a, T>(ebpf: &'a Ebpf, name: &'static str) -> Result<T, Error>
+fn map_ref<'a, T>(maps: &'a Maps, name: &'static str) -> Result<T, Error>
 where
     T: TryFrom<&'a aya::maps::Map, Error = aya::maps::MapError>,
 {
-    let map = ebpf.map(name).ok_or(Error::MissingMap(name))?;
+    let map = maps.get(name).ok_or(Error::MissingMap(name))?;
     T::try_from(map).map_err(|source| Error::Map {
         name,
         what: "type".to_owned(),

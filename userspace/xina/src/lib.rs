@@ -4,15 +4,22 @@
 //! - [`dataplane::Dataplane`]: the loaded programs and maps, with domain verbs.
 //! - [`config`]: the switch/job TOML file, validated whole before anything is
 //!   installed.
-//! - [`switch::start`]: a whole switch from a [`config::Config`].
+//! - [`switch::start`]: a whole switch from a [`config::Config`];
+//!   [`switch::start_pinned`] the same, pinned so it outlives the process.
+//! - [`control`]: the operations of the `xina` command on a pinned switch
+//!   (up, down, jobs with slot allocation, status, stats): the programmatic
+//!   API of the control plane.
+//! - [`pin`]: where a switch lives in bpffs, and removing it.
 //! - [`stats`]: counter tables.
 //! - [`frame`]: whole frames for test runs.
 //! - [`netdev`]: interface lookups in the caller's network namespace.
 
 pub mod config;
+pub mod control;
 pub mod dataplane;
 pub mod frame;
 pub mod netdev;
+pub mod pin;
 pub mod stats;
 pub mod switch;
 

@@ -8,6 +8,7 @@ use crate::{
     config::{Config, ConfigError, XdpModeName},
     dataplane::{self, Dataplane, LoadOptions},
     netdev,
+    pin::PinDir,
 };
 
 /// Why a switch could not be brought up.
@@ -17,7 +18,7 @@ pub enum StartError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Dataplane(#[from] Box<dataplane::Error>),
-    #[error("port {port}: {source}")]
+    #[error("port {port}")]
     Port {
         port: String,
         #[source]
@@ -31,11 +32,34 @@ pub enum StartError {
 /// # Errors
 /// The first failure; nothing stays attached or installed.
 pub fn start(config: &Config) -> Result<Dataplane, StartError> {
-    let opts = LoadOptions {
+    let dp = Dataplane::load(load_options(config)).map_err(Box::new)?;
+    fill(dp, config)
+}
+
+/// Like [`start`], with the switch pinned under `dir` (see
+/// [`Dataplane::load_pinned`]): it stays up after this process exits.
+///
+/// # Errors
+/// The first failure; then nothing stays attached, installed or pinned.
+pub fn start_pinned(config: &Config, dir: &PinDir) -> Result<Dataplane, StartError> {
+    let dp = Dataplane::load_pinned(load_options(config), dir).map_err(Box::new)?;
+    fill(dp, config).inspect_err(|_| {
+        // The failed dataplane was dropped without detaching; the pins go too.
+        if let Err(e) = crate::pin::remove(dir) {
+            log::warn!("removing {}: {e}", dir.path().display());
+        }
+    })
+}
+
+fn load_options(config: &Config) -> LoadOptions {
+    LoadOptions {
         slot_pool: config.switch.slot_pool,
         debug: config.switch.debug,
-    };
-    let mut dp = Dataplane::load(opts).map_err(Box::new)?;
+    }
+}
+
+/// Attaches `dp` to the ports and installs the jobs.
+fn fill(mut dp: Dataplane, config: &Config) -> Result<Dataplane, StartError> {
     for port in &config.switch.ports {
         attach(&mut dp, port, config.switch.xdp_mode).map_err(|source| StartError::Port {
             port: port.clone(),

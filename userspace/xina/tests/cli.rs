@@ -89,20 +89,6 @@ fn check_rejects_a_bad_file_with_one_line_naming_the_field() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("reading /nonexistent/xina.toml"));
 }
 
-/// Every switch port that has an XDP program attached, as `ip` shows it.
-fn ports_with_xdp(star: &Star) -> Vec<String> {
-    let links = star.switch().ip(&["-d", "link", "show"]).unwrap();
-    star.ports()
-        .iter()
-        .filter(|p| {
-            links
-                .lines()
-                .any(|l| l.contains(&p.name) && l.contains(" xdp"))
-        })
-        .map(|p| p.name.clone())
-        .collect()
-}
-
 /// `xina run` attaches to every configured port, runs until SIGTERM, prints
 /// its counters and detaches from everything.
 #[test]
@@ -121,7 +107,7 @@ fn run_attaches_and_detaches_cleanly() {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while ports_with_xdp(&star).len() < 2 {
+    while star.ports_with_xdp().unwrap().len() < 2 {
         if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
             let _ = child.kill();
             let out = child.wait_with_output().unwrap();
@@ -142,7 +128,7 @@ fn run_attaches_and_detaches_cleanly() {
     assert!(stderr.contains("job 1 installed: 2 ranks"), "{stderr}");
     assert!(stderr.contains("detached"), "{stderr}");
     assert_eq!(
-        ports_with_xdp(&star),
+        star.ports_with_xdp().unwrap(),
         Vec::<String>::new(),
         "nothing stays attached"
     );
@@ -182,5 +168,5 @@ fn run_with_a_missing_port_attaches_nothing() {
         last.contains("interface xina-nope0 does not exist"),
         "{stderr}"
     );
-    assert_eq!(ports_with_xdp(&star), Vec::<String>::new());
+    assert_eq!(star.ports_with_xdp().unwrap(), Vec::<String>::new());
 }

@@ -1,9 +1,8 @@
 //! `xina run`: a switch in the foreground.
 
-use std::{os::fd::AsRawFd as _, path::PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context as _;
-use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -35,33 +34,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             job.slot_base + job.slot_count
         );
     }
-    let logger = dp.take_logger();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        if let Some(logger) = logger {
-            log::debug!("reading dataplane logs from fd {}", logger.as_raw_fd());
-            // SAFETY: the logger owns its ring buffer descriptor, which stays
-            // open and unchanged until the logger (moved into the AsyncFd) drops.
-            let mut fd =
-                unsafe { AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) }
-                    .map_err(|e| e.into_parts().1)?;
-            tokio::spawn(async move {
-                while let Ok(mut guard) = fd.readable_mut().await {
-                    guard.get_inner_mut().flush();
-                    guard.clear_ready();
-                }
-            });
-        }
-        let mut term = tokio::signal::unix::signal(SignalKind::terminate())?;
-        log::info!("switch running; Ctrl-C or SIGTERM stops it");
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r?,
-            _ = term.recv() => {}
-        }
-        anyhow::Ok(())
-    })?;
+    super::daemon::serve(dp.take_logger(), None)?;
     let counters = dp.counters()?;
     print!("{}", xina::stats::table(&counters, false));
     if let Some(path) = &args.stats_json {
