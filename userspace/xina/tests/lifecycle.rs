@@ -324,6 +324,9 @@ fn a_pinned_switch_outlives_its_control_plane() {
                                 fan_in: 3,
                                 elems_per_packet: 256,
                                 slots: SLOTS,
+                                op: xina_proto::Op::Sum,
+                                dtype: xina_proto::DType::I32,
+                                mode: xina_host::Mode::Allreduce,
                                 switch,
                             };
                             let bind = SocketAddrV4::new(worker.ip, 5000);
@@ -429,6 +432,9 @@ fn a_pinned_switch_outlives_its_control_plane() {
                 fan_in: 3,
                 elems_per_packet: 256,
                 slots: SLOTS,
+                op: xina_proto::Op::Sum,
+                dtype: xina_proto::DType::I32,
+                mode: xina_host::Mode::Allreduce,
                 switch,
             };
             let config = xina_host::Config {
@@ -529,6 +535,9 @@ fn the_daemon_forwards_dataplane_logs() {
                 fan_in: 1,
                 elems_per_packet: 256,
                 slots: 4,
+                op: xina_proto::Op::Sum,
+                dtype: xina_proto::DType::I32,
+                mode: xina_host::Mode::Allreduce,
                 switch,
             };
             let mut worker = Worker::new(
