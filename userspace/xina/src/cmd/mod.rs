@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod check;
+pub mod p4;
 pub mod run;
 
 use std::path::Path;
