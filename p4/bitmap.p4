@@ -72,7 +72,7 @@ control Bitmap(in headers_t hdr, inout metadata_t meta) {
             meta.outcome = OUTCOME_STALE;
         } else if (hdr.xina.count != count || hdr.xina.root != root) {
             meta.outcome = OUTCOME_BAD_SHAPE;
-        } else if (bitmap & meta.rank_bit != 0) {
+        } else if ((bitmap & meta.rank_bit) != 0) {
             if (state != SLOT_COMPLETE) {
                 meta.outcome = OUTCOME_DUPLICATE;
             } else {

@@ -10,6 +10,10 @@
 #ifndef XINA_PARSER_P4
 #define XINA_PARSER_P4
 
+#if ELEMS != 32
+#error "parse_payload's masks select 1..32 elements: update them with ELEMS"
+#endif
+
 parser XinaParser(packet_in pkt,
                   out headers_t hdr,
                   inout metadata_t meta,
@@ -76,13 +80,16 @@ parser XinaParser(packet_in pkt,
         }
     }
 
-    // `count` elements of `dtype`; a count beyond the lanes (or 0) is left
-    // unparsed for ingress to refuse (it exceeds every job's elements).
+    // `count` elements of `dtype`; a count of 0 or beyond the lanes is left
+    // unparsed for ingress to refuse (it is outside every job's 1..elements).
+    // The masks spell 1..ELEMS: 0..31 (0 taken by the first row) and 32.
     state parse_payload {
-        bit<1> fits = (hdr.xina.count != 0 && hdr.xina.count <= ELEMS) ? 1w1 : 1w0;
-        transition select(fits, hdr.xina.dtype) {
-            (1, DTYPE_I32): parse_i32;
-            (1, DTYPE_I64): parse_i64;
+        transition select(hdr.xina.count, hdr.xina.dtype) {
+            (0, _): accept;
+            (0 &&& 0xffe0, DTYPE_I32): parse_i32;
+            (ELEMS, DTYPE_I32): parse_i32;
+            (0 &&& 0xffe0, DTYPE_I64): parse_i64;
+            (ELEMS, DTYPE_I64): parse_i64;
             default: accept;
         }
     }
