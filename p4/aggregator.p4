@@ -22,10 +22,13 @@
 #ifndef XINA_AGGREGATOR_P4
 #define XINA_AGGREGATOR_P4
 
-const bit<64> I64_MAX = 0x7fffffffffffffff;
-const bit<64> I64_MIN = 0x8000000000000000;
-const bit<64> I32_MAX = 0x000000007fffffff;
-const bit<64> I32_MIN = 0xffffffff80000000;
+const bit<64> I64_MAX = 64w0x7fffffffffffffff;
+const bit<64> I64_MIN = 64w0x8000000000000000;
+const bit<64> I32_MAX = 64w0x000000007fffffff;
+const bit<64> I32_MIN = 64w0xffffffff80000000;
+// The int32 range as signed 64-bit numbers, for the clamp's comparisons.
+const int<64> I32_MAX_SIGNED = 2147483647;
+const int<64> I32_MIN_SIGNED = -2147483648;
 
 control Aggregator(inout elem32_h e32, inout elem64_h e64, inout metadata_t meta) {
     register<bit<64>>(SLOT_COPIES) values;
@@ -66,10 +69,10 @@ control Aggregator(inout elem32_h e32, inout elem64_h e64, inout metadata_t meta
         }
         if (meta.emit) {
             if (meta.dtype == DTYPE_I32) {
-                if ((int<64>)v > (int<64>)I32_MAX) {
+                if ((int<64>)v > I32_MAX_SIGNED) {
                     v = I32_MAX;
                     meta.overflow = FLAG_OVERFLOW;
-                } else if ((int<64>)v < (int<64>)I32_MIN) {
+                } else if ((int<64>)v < I32_MIN_SIGNED) {
                     v = I32_MIN;
                     meta.overflow = FLAG_OVERFLOW;
                 }

@@ -8,16 +8,16 @@
 #define XINA_CHECKSUM_P4
 
 // checksum::replace32 / replace16, without the running accumulator.
-function bit<64> csum_replace32(in bit<32> old, in bit<32> new) {
+bit<64> csum_replace32(in bit<32> old, in bit<32> new) {
     return (bit<64>)(~old) + (bit<64>)new;
 }
 
-function bit<64> csum_replace16(in bit<16> old, in bit<16> new) {
+bit<64> csum_replace16(in bit<16> old, in bit<16> new) {
     return (bit<64>)(~old) + (bit<64>)new;
 }
 
 // checksum::fold: four fixed rounds fold any 64-bit accumulator to 16 bits.
-function bit<16> csum_fold(in bit<64> acc) {
+bit<16> csum_fold(in bit<64> acc) {
     bit<64> a = (acc & 0xffffffff) + (acc >> 32);
     a = (a & 0xffffffff) + (a >> 32);
     a = (a & 0xffff) + (a >> 16);
@@ -26,13 +26,13 @@ function bit<16> csum_fold(in bit<64> acc) {
 }
 
 // checksum::apply: the checksum field after the replacements in `acc`.
-function bit<16> csum_apply(in bit<16> csum, in bit<64> acc) {
+bit<16> csum_apply(in bit<16> csum, in bit<64> acc) {
     return ~csum_fold((bit<64>)(~csum) + acc);
 }
 
 // checksum::apply_udp: 0 means "no checksum" and stays 0; a computed 0 is
 // sent as 0xffff.
-function bit<16> csum_apply_udp(in bit<16> csum, in bit<64> acc) {
+bit<16> csum_apply_udp(in bit<16> csum, in bit<64> acc) {
     bit<16> c = csum_apply(csum, acc);
     if (csum == 0) {
         c = 0;

@@ -9,9 +9,11 @@
 // Frame length of a notice: Ethernet, IPv4, UDP and the xina header.
 const bit<32> NOTICE_FRAME_LEN = 14 + 20 + 8 + 32;
 
-control Egress(inout headers_t hdr,
-               inout metadata_t meta,
-               inout standard_metadata_t std) {
+// (`Egress` itself is a type name of v1model.p4, hence `EgressRewrite`; its
+// instance in xina.p4 is `egress`.)
+control EgressRewrite(inout headers_t hdr,
+                      inout metadata_t meta,
+                      inout standard_metadata_t std) {
     mac_addr_t member_mac = 0;
     mac_addr_t port_mac = 0;
     ipv4_addr_t member_ip = 0;

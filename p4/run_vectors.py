@@ -99,6 +99,7 @@ def drain(socks, wait):
 def run_vector(v, tools, json_path, ns):
     """Inside network namespace `ns`: one switch, the vector's steps."""
     ports = [p["port"] for p in v["ports"]] + [v["cpu_port"]]
+    run(["ip", "link", "set", "lo", "up"])  # the CLI reaches the switch's Thrift server
     for p in ports:
         run(["ip", "link", "add", f"sw{p}", "type", "veth", "peer", "name", f"h{p}"])
         for dev in (f"sw{p}", f"h{p}"):

@@ -72,8 +72,8 @@ control Switch(inout headers_t hdr,
         size = MAX_MEMBERS;
     }
 
-    action verdict(bit<8> counter) {
-        meta.counter = counter;
+    action verdict(bit<8> reason) {
+        meta.counter = reason;
     }
 
     apply {

@@ -88,7 +88,7 @@ control XinaIngress(inout headers_t hdr,
 control XinaEgress(inout headers_t hdr,
                    inout metadata_t meta,
                    inout standard_metadata_t std) {
-    Egress() egress;
+    EgressRewrite() egress;
     Counters() counters;
 
     apply {
