@@ -177,9 +177,10 @@ def main():
     missing = [k for k, v in tools.items() if v is None]
     if missing:
         print("run_vectors.py: not run: missing " + ", ".join(missing)
-              + " (neither p4c nor BMv2 is in a package registry; build them from source,"
-              " see p4/README.md, or point P4C_BM2_SS / SIMPLE_SWITCH / SIMPLE_SWITCH_CLI /"
-              " XINA at them)", file=sys.stderr)
+              + ". p4c (p4c-bm2-ss) and BMv2 (simple_switch, simple_switch_CLI) are in no"
+              " package registry: build them from source (p4/README.md) and put them on PATH or"
+              " name them with P4C_BM2_SS / SIMPLE_SWITCH / SIMPLE_SWITCH_CLI; xina comes from"
+              " `cargo build -p xina` (XINA=target/debug/xina).", file=sys.stderr)
         return 2
     if os.geteuid() != 0:
         print("run_vectors.py: needs root (network namespaces, veths)", file=sys.stderr)
