@@ -24,6 +24,7 @@ message names it; nothing was run).
 import argparse
 import json
 import os
+import re
 import select
 import shutil
 import socket
@@ -62,8 +63,8 @@ def cli(cli_path, commands):
 def read_counters(cli_path, arrays, names):
     lines = "".join(f"counter_read {a} {i}\n" for a in arrays for i in range(len(names)))
     out = cli(cli_path, lines)
-    values = [int(l.split("packets=")[1].split(",")[0]) for l in out.splitlines()
-              if "packets=" in l]
+    # "XinaIngress.counters.switch_counters[3]= (74 bytes, 1 packets)"
+    values = [int(m.group(1)) for m in re.finditer(r"\]=\s*\(\d+ bytes, (\d+) packets\)", out)]
     if len(values) != len(arrays) * len(names):
         raise RuntimeError(f"counter_read gave {len(values)} values:\n{out}")
     n = len(names)
