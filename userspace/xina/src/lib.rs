@@ -13,12 +13,14 @@
 //! - [`stats`]: counter tables.
 //! - [`frame`]: whole frames for test runs.
 //! - [`netdev`]: interface lookups in the caller's network namespace.
+//! - [`p4`]: the P4 twin's control-plane state, and the shared test vectors.
 
 pub mod config;
 pub mod control;
 pub mod dataplane;
 pub mod frame;
 pub mod netdev;
+pub mod p4;
 pub mod pin;
 pub mod stats;
 pub mod switch;

@@ -43,6 +43,9 @@ enum Command {
     Run(cmd::run::Args),
     /// Check a configuration file without touching the dataplane.
     Check(cmd::check::Args),
+    /// The P4 twin: control-plane state for a configuration, test vectors.
+    #[command(subcommand)]
+    P4(cmd::p4::Command),
 }
 
 fn main() -> std::process::ExitCode {
@@ -56,6 +59,7 @@ fn main() -> std::process::ExitCode {
         Command::Daemon(a) => cmd::daemon::run(&cli.global, a),
         Command::Run(args) => cmd::run::run(args),
         Command::Check(args) => cmd::check::run(args),
+        Command::P4(c) => cmd::p4::run(c),
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

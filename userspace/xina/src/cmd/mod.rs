@@ -3,6 +3,7 @@
 pub mod check;
 pub mod daemon;
 pub mod job;
+pub mod p4;
 pub mod run;
 pub mod stats;
 pub mod switch;
