@@ -1,6 +1,6 @@
 //! `xina-testbed`: demos and scenarios on network-namespace topologies.
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{io::Write as _, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -83,7 +83,8 @@ fn worker(args: &WorkerArgs) -> anyhow::Result<bool> {
             worker.allreduce(&mut data)?
         }
     };
-    println!("rank {}: {stats}", args.rank);
+    // Whoever started this process may have stopped listening.
+    let _ = writeln!(std::io::stdout(), "rank {}: {stats}", args.rank);
     Ok(true)
 }
 

@@ -72,11 +72,12 @@ pub enum ElementType {
 }
 
 /// A worker run as its own process (`xina-testbed worker`) and killed with
-/// `SIGKILL` `after` its start: a host that dies in the middle of a call.
+/// `SIGKILL` once the switch has completed `after_chunks` chunks of the job:
+/// a host that dies in the middle of a call.
 #[derive(Clone, Debug, Serialize)]
 pub struct Kill {
     pub rank: usize,
-    pub after: Duration,
+    pub after_chunks: u64,
     /// The `xina-testbed` executable.
     pub exe: std::path::PathBuf,
 }
@@ -889,9 +890,15 @@ fn run_workers_of<S: Sample>(
                     let bind = SocketAddrV4::new(worker.ip, WORKER_PORT);
                     let config = spec.config();
                     if let Some(kill) = spec.kill.as_ref().filter(|k| k.rank == rank) {
-                        let outcome = run_and_kill(kill, worker.ns(), spec, switch, bind, || {
+                        let completed = || -> anyhow::Result<u64> {
+                            Ok(dp.job_counters(JOB_ID)?.get(Counter::Completed))
+                        };
+                        let ready = || {
                             barrier.wait();
-                        });
+                        };
+                        let addrs = (switch, bind);
+                        let outcome =
+                            run_and_kill(kill, worker.ns(), spec, addrs, ready, completed);
                         return Ok(outcome.map(|error| (Vec::new(), Err(error), Instant::now())));
                     }
                     worker.ns().run(move || -> anyhow::Result<Outcome<S>> {
@@ -1023,14 +1030,16 @@ fn run_workers_of<S: Sample>(
 }
 
 /// Runs rank `kill.rank` as `xina-testbed worker` in namespace `ns` and kills
-/// it with `SIGKILL` after `kill.after`; returns what happened to it.
+/// it with `SIGKILL` once `completed` (the job's completed chunks) reaches
+/// `kill.after_chunks`; calls `ready` once the process is ready to start its
+/// call; returns what happened to it.
 fn run_and_kill(
     kill: &Kill,
     ns: &netns::NetNs,
     spec: &AllreduceSpec,
-    switch: SocketAddrV4,
-    bind: SocketAddrV4,
+    (switch, bind): (SocketAddrV4, SocketAddrV4),
     ready: impl FnOnce(),
+    completed: impl Fn() -> anyhow::Result<u64>,
 ) -> anyhow::Result<String> {
     let mut child = std::process::Command::new("ip")
         .args(["netns", "exec", ns.name()])
@@ -1075,17 +1084,33 @@ fn run_and_kill(
         let status = child.wait().context("reaping the worker process")?;
         bail!("rank {} did not start: {status}", kill.rank);
     }
-    std::thread::sleep(kill.after);
-    let status = child.try_wait().context("polling the worker process")?;
-    if let Some(status) = status {
-        bail!(
-            "rank {} ended by itself before it was killed: {status}",
-            kill.rank
-        );
-    }
+    let deadline = Instant::now() + spec.give_up * 4;
+    let done = loop {
+        let done = completed()?;
+        if done >= kill.after_chunks {
+            break done;
+        }
+        if let Some(status) = child.try_wait().context("polling the worker process")? {
+            bail!(
+                "rank {} ended by itself before it was killed: {status}",
+                kill.rank
+            );
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "the job completed {done} of {} chunks before the kill",
+                kill.after_chunks
+            );
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
     child.kill().context("killing the worker process")?;
     let status = child.wait().context("reaping the worker process")?;
-    Ok(format!("killed after {:?} ({status})", kill.after))
+    Ok(format!(
+        "killed once {done} chunks were complete ({status})"
+    ))
 }
 
 /// Sets its flag when dropped.

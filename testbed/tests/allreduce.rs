@@ -257,7 +257,7 @@ fn a_worker_killed_mid_allreduce_makes_the_others_fail_with_a_naming_error() {
         give_up,
         kill: Some(Kill {
             rank: 2,
-            after: Duration::from_millis(400),
+            after_chunks: 1000,
             exe: env!("CARGO_BIN_EXE_xina-testbed").into(),
         }),
         ..Default::default()
@@ -269,7 +269,7 @@ fn a_worker_killed_mid_allreduce_makes_the_others_fail_with_a_naming_error() {
         let e = w.error.as_deref().expect("an error");
         assert!(!w.correct);
         if w.rank == 2 {
-            assert!(e.starts_with("killed after 400ms"), "{e}");
+            assert!(e.starts_with("killed once "), "{e}");
             continue;
         }
         assert!(
@@ -284,9 +284,10 @@ fn a_worker_killed_mid_allreduce_makes_the_others_fail_with_a_naming_error() {
         report.counter(Counter::Completed) < report.chunks,
         "it died before the end"
     );
-    // From the start of the call to the last error: the kill, then the
-    // give-up time without progress, then (generously) scheduling delays.
-    let bound = Duration::from_millis(400) + give_up + Duration::from_secs(5);
+    // From the start of the call to the last error: the time to the kill
+    // (1,000 chunks take well under a second), then the give-up time without
+    // progress, then (generously) scheduling delays.
+    let bound = give_up + Duration::from_secs(8);
     assert!(
         report.elapsed_s < bound.as_secs_f64(),
         "the last worker returned after {:.2} s",
