@@ -1330,6 +1330,7 @@ impl<'a, T: Element> Engine<'a, T> {
                 completed,
                 total: self.chunks,
                 outstanding,
+                received: self.stats.packets_received,
             },
         );
     }
@@ -1694,6 +1695,7 @@ mod tests {
             completed,
             total,
             outstanding,
+            ..
         } = &error
         else {
             panic!("{error}");

@@ -109,10 +109,21 @@ pub enum Error {
     InvalidConfig { problem: &'static str },
 
     /// No new result arrived for the configured give-up time: a peer is gone,
-    /// the switch is unreachable, or the job is not installed on it.
+    /// the switch is unreachable, or the job is not installed on it. (The
+    /// switch sends nothing for a chunk that is not complete, so it cannot
+    /// tell which ranks are missing.)
     #[error(
         "job {job}, rank {rank}: no new result for {waited:?} \
-         ({completed} of {total} chunks completed); {outstanding}"
+         ({completed} of {total} chunks completed); {outstanding}{}",
+        if *received == 0 {
+            format!(
+                "; nothing at all came back during the call: a rank may be gone, the switch \
+                 unreachable, or job {job} not installed on it (or this rank's address not \
+                 registered for it)"
+            )
+        } else {
+            String::new()
+        }
     )]
     GaveUp {
         job: u32,
@@ -125,6 +136,8 @@ pub enum Error {
         total: usize,
         /// The sequence numbers sent but still without a result.
         outstanding: SeqList,
+        /// Datagrams received during the call, whatever they were.
+        received: u64,
     },
 
     /// An integer sum saturated in the switch: the result would be wrong, so

@@ -305,6 +305,15 @@ fn without_a_switch_the_worker_gives_up_naming_the_outstanding_seqs() {
                 assert_eq!(*total, chunks);
                 let want: Vec<u32> = (first_seq..first_seq + chunks.min(4) as u32).collect();
                 assert_eq!(outstanding.first, want);
+                let message = calls[call].as_ref().unwrap_err().to_string();
+                assert!(
+                    message.ends_with(
+                        "nothing at all came back during the call: a rank may be gone, the \
+                         switch unreachable, or job 3 not installed on it (or this rank's \
+                         address not registered for it)"
+                    ),
+                    "{message}"
+                );
             }
             other => panic!("call {call}: {other:?}"),
         }
