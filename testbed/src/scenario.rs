@@ -506,7 +506,11 @@ impl AllreduceReport {
             let result = match (&w.error, w.first_mismatch) {
                 (Some(e), _) => format!("error: {e}"),
                 (None, Some(i)) => format!("WRONG from element {i}"),
-                (None, None) => "exact".to_owned(),
+                (None, None) => match self.spec.dtype {
+                    ElementType::Int32 => "exact",
+                    ElementType::Float32 => "within bound",
+                }
+                .to_owned(),
             };
             let cpu = w.cpu.map_or_else(|| "-".to_owned(), |c| c.to_string());
             let _ = writeln!(
