@@ -90,16 +90,17 @@ fn check_placement(report: &AllreduceReport, context: &str) -> u64 {
         .per_cpu
         .as_ref()
         .expect("per-CPU counters were asked for");
-    // Both CPUs added contributions of the job to its slots, and both
-    // completed chunks: each took the lock of copies the other had written.
-    for c in [Counter::Contributions, Counter::Completed] {
-        assert!(
-            per_cpu.cpus_with(c).len() >= 2,
-            "{context}: job {} only on CPUs {:?}",
-            c.name(),
-            per_cpu.cpus_with(c)
-        );
-    }
+    // Both CPUs added contributions of the job to its slots: each took the
+    // lock of copies the other had written. (Which CPU completes the chunks
+    // depends on which ranks happen to be last; a short run can complete
+    // them all on one, so that is checked over all runs, by the caller.)
+    let c = Counter::Contributions;
+    assert!(
+        per_cpu.cpus_with(c).len() >= 2,
+        "{context}: job {} only on CPUs {:?}",
+        c.name(),
+        per_cpu.cpus_with(c)
+    );
     for (port, rx) in report.ports.iter().zip(&per_cpu.port_rx) {
         let cpu = report.workers[port.rank].cpu.expect("workers are pinned");
         // A port's ingress program ran only on its sender's CPU.
@@ -185,6 +186,7 @@ fn eight_ranks_pinned_to_two_cpus_sum_exactly_run_after_run() {
     };
     let started = Instant::now();
     let (mut overlapping, mut intervals) = (0, 0);
+    let mut completing_cpus = std::collections::BTreeSet::new();
     for (run, &(elems_per_packet, slots)) in SHAPES.iter().enumerate() {
         let spec = AllreduceSpec {
             workers: WORKERS,
@@ -214,6 +216,9 @@ fn eight_ranks_pinned_to_two_cpus_sum_exactly_run_after_run() {
         assert_eq!(report.port_accounting_error(), None, "{context}");
         assert_eq!(report.job_accounting_error(), None, "{context}");
         let both = check_placement(&report, &context);
+        if let Some(per_cpu) = &report.per_cpu {
+            completing_cpus.extend(per_cpu.cpus_with(Counter::Completed));
+        }
         // Readings a few milliseconds apart saw both CPUs add contributions
         // of the job in between: they ran XDP for it at the same time.
         assert!(both > 0, "{context}: never both CPUs between two readings");
@@ -223,6 +228,10 @@ fn eight_ranks_pinned_to_two_cpus_sum_exactly_run_after_run() {
             .as_ref()
             .map_or(0, |p| p.samples.saturating_sub(1));
     }
+    assert!(
+        completing_cpus.len() >= 2,
+        "chunks completed only on CPUs {completing_cpus:?} over all runs"
+    );
     println!(
         "\n{} runs in {:.1} s; the job's contributions grew on more than one CPU \
          in {overlapping} of {intervals} sampling intervals",
