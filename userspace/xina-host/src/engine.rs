@@ -655,6 +655,8 @@ pub struct Engine<'a, T: Element> {
     window: VecDeque<Chunk>,
     /// Retransmission timers, earliest first; the top is always live.
     timers: BinaryHeap<Reverse<Timer>>,
+    /// At least the timeout of every open chunk.
+    rto_bound: Duration,
     /// Chunks found lost, waiting for `poll_transmit`, and whether by a
     /// timeout (which doubles the chunk's timeout).
     retransmit: VecDeque<(usize, bool)>,
@@ -795,6 +797,7 @@ impl<'a, T: Element> Engine<'a, T> {
             next: 0,
             window: VecDeque::new(),
             timers: BinaryHeap::new(),
+            rto_bound: Duration::ZERO,
             retransmit: VecDeque::new(),
             started: now,
             last_event: now,
@@ -950,6 +953,7 @@ impl<'a, T: Element> Engine<'a, T> {
             if timed_out {
                 chunk.rto = chunk.rto.saturating_mul(2).min(max_rto);
             }
+            let rto = chunk.rto;
             chunk.sent_at = now;
             let at = now + chunk.rto;
             chunk.deadline = Some(at);
@@ -960,12 +964,14 @@ impl<'a, T: Element> Engine<'a, T> {
                 transmission,
             }));
             self.stats.retransmissions += 1;
+            self.rto_bound = self.rto_bound.max(rto);
             return Some(self.emit(k, true, buf));
         }
         if self.next < self.chunks && self.window_open() {
             let k = self.next;
             self.next += 1;
             let rto = self.rtt.rto(&self.config);
+            self.rto_bound = self.rto_bound.max(rto);
             let at = now + rto;
             self.window.push_back(Chunk {
                 sent_at: now,
@@ -1085,7 +1091,7 @@ impl<'a, T: Element> Engine<'a, T> {
         let (sent_once, sent_at) = (chunk.transmissions == 1, chunk.sent_at);
         if sent_once {
             self.rtt.sample(now.saturating_duration_since(sent_at));
-            self.on_progress(now, sent_at);
+            self.on_progress(now, ahead, sent_at);
         }
         self.last_progress = now;
         while self.window.front().is_some_and(|c| c.done) {
@@ -1143,10 +1149,21 @@ impl<'a, T: Element> Engine<'a, T> {
     /// queues for retransmission the chunks sent once well before `acked`
     /// that still have no result, and takes back the backoff of the others
     /// (see the module docs).
-    fn on_progress(&mut self, now: Instant, acked: Instant) {
+    ///
+    /// Runs for every result, so it looks only where something can change:
+    /// chunks sent once after the acknowledged one (window position
+    /// `acked_at`) were sent after it, and a chunk's timeout can only come
+    /// down if some open chunk's is above the current one (`rto_bound`).
+    fn on_progress(&mut self, now: Instant, acked_at: usize, acked: Instant) {
         let base_rto = self.rtt.rto(&self.config);
         let allowance = self.rtt.smoothed().unwrap_or(self.config.min_rto) / 4;
-        for (i, chunk) in self.window.iter_mut().enumerate() {
+        let scan = if self.rto_bound > base_rto {
+            self.rto_bound = base_rto;
+            self.window.len()
+        } else {
+            acked_at
+        };
+        for (i, chunk) in self.window.iter_mut().enumerate().take(scan) {
             let Some(deadline) = chunk.deadline else {
                 continue;
             };
