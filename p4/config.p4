@@ -33,8 +33,8 @@
 // them to the kernel. On BMv2 this is one more interface (`-i 64@...`).
 #define CPU_PORT 64
 
-// Counter blocks: one of COUNTER_COUNT (21) counters per job and per port.
-#define JOB_COUNTER_CELLS 86016      // MAX_JOBS x 21
-#define PORT_COUNTER_CELLS 1365      // (MAX_PORTS + 1) x 21: the CPU port too
+// Counter blocks: one of COUNTER_COUNT (33) counters per job and per port.
+#define JOB_COUNTER_CELLS 135168     // MAX_JOBS x 33
+#define PORT_COUNTER_CELLS 2145      // (MAX_PORTS + 1) x 33: the CPU port too
 
 #endif

@@ -35,6 +35,8 @@ const bit<8> FLAG_RETRANSMIT = 0x01;
 const bit<8> FLAG_OVERFLOW   = 0x02;
 const bit<8> FLAG_FROM_CACHE = 0x04;
 const bit<8> FLAG_NOTICE     = 0x08;
+const bit<8> FLAG_MISSING    = 0x10;   // multicast; not handled by this program
+const bit<8> FLAG_SYNC       = 0x20;   // multicast; not handled by this program
 
 // Op (header.rs)
 const bit<8> OP_SUM = 0;
@@ -44,11 +46,14 @@ const bit<8> OP_MIN = 2;
 // DType (header.rs)
 const bit<8> DTYPE_I32 = 0;
 const bit<8> DTYPE_I64 = 1;
+const bit<8> DTYPE_BYTES = 2;   // multicast payload; not handled by this program
 
 // Delivery modes (maps.rs, mod mode)
 const bit<8> MODE_ALLREDUCE      = 0;
 const bit<8> MODE_REDUCE         = 1;
 const bit<8> MODE_REDUCE_SCATTER = 2;
+const bit<8> MODE_MULTICAST      = 3;   // groups: XDP only, see README.md
+const bit<8> MODE_ANYCAST        = 4;
 
 // Slot states (maps.rs, mod slot_state)
 const bit<8> SLOT_EMPTY    = 0;
@@ -77,7 +82,21 @@ const bit<8> COUNTER_DROP_STALE            = 17;
 const bit<8> COUNTER_DROP_REDIRECT         = 18;
 const bit<8> COUNTER_DROP_INTERNAL         = 19;
 const bit<8> COUNTER_EGRESS_NOT_MEMBER     = 20;
-const bit<32> COUNTER_COUNT                = 21;   // Counter::COUNT
+// Multicast and anycast counters: the P4 program counts multicast and
+// anycast kinds as unsupported, so these stay 0 on P4 (README.md).
+const bit<8> COUNTER_MCAST_REPLICATED      = 21;
+const bit<8> COUNTER_MCAST_RESENT          = 22;
+const bit<8> COUNTER_ACKS_CONSUMED         = 23;
+const bit<8> COUNTER_ACKS_COMPLETED        = 24;
+const bit<8> COUNTER_ACK_FROM_CACHE        = 25;
+const bit<8> COUNTER_MISSING_REPORT        = 26;
+const bit<8> COUNTER_ANYCAST_DELIVERED     = 27;
+const bit<8> COUNTER_DROP_NOT_SENDER       = 28;
+const bit<8> COUNTER_DROP_NO_MEMBER_UP     = 29;
+const bit<8> COUNTER_MCAST_COPIES          = 30;
+const bit<8> COUNTER_MCAST_SKIPPED         = 31;
+const bit<8> COUNTER_ACKS_SENT             = 32;
+const bit<32> COUNTER_COUNT                = 33;   // Counter::COUNT
 
 // ---------------------------------------------------------------- pipeline
 // What the slot step decided for a contribution (slot.rs, enum Outcome).

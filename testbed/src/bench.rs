@@ -121,6 +121,7 @@ impl Variant {
         match self.dtype() {
             DType::I32 => "int32",
             DType::I64 => "int64",
+            DType::Bytes => "bytes",
         }
     }
 
@@ -433,6 +434,7 @@ impl Frames {
                 DType::I64 => (0..elems)
                     .flat_map(|_| rng.random_range(-(1i64 << 40)..(1 << 40)).to_be_bytes())
                     .collect(),
+                DType::Bytes => (0..elems).map(|_| rng.random()).collect(),
             };
             let m = member(rank);
             let repr = Repr {

@@ -2,8 +2,9 @@
 //!
 //! Userspace sums each counter over CPUs. Every packet the switch's ingress
 //! program sees ends in exactly one of the "outcome" counters (`Passed`,
-//! `Consumed`, `Completed`, `ReplyFromCache` or one of the `Drop*` reasons), so
-//! their sum equals `RxPackets`.
+//! `Consumed`, `Completed`, `ReplyFromCache`, the multicast and anycast
+//! outcomes or one of the `Drop*` reasons; see [`Counter::is_ingress_outcome`]),
+//! so their sum equals `RxPackets`.
 
 /// Index of a counter in the `COUNTERS` map.
 #[repr(u32)]
@@ -55,11 +56,43 @@ pub enum Counter {
     DropInternal,
     /// A result copy leaving a port on which the job has no member (egress).
     EgressNotMember,
+    /// Multicast: a sender's first transmission of a chunk, replicated to
+    /// every receiver.
+    McastReplicated,
+    /// Multicast: a retransmission of a chunk some receivers have not
+    /// acknowledged, replicated to those receivers only (the sender's copy
+    /// becomes a missing-receiver report).
+    McastResent,
+    /// Multicast: an acknowledgement recorded; the chunk still misses receivers.
+    AcksConsumed,
+    /// Multicast: the last acknowledgement of a chunk, turned into the
+    /// aggregated acknowledgement (to the sender; to every member for `SYNC`
+    /// chunks).
+    AcksCompleted,
+    /// Multicast: a retransmitted chunk or a repeated acknowledgement of a
+    /// chunk every receiver has acknowledged, answered from the slot.
+    AckFromCache,
+    /// Multicast: a repeated acknowledgement of a chunk other receivers have
+    /// not acknowledged yet, answered with a missing-receiver report.
+    MissingReport,
+    /// Anycast: a packet sent on to the member its flow hashes to.
+    AnycastDelivered,
+    /// A group member sent data without being one of the group's senders.
+    DropNotSender,
+    /// Anycast: every member of the group is down.
+    DropNoMemberUp,
+    /// Multicast and anycast data copies addressed to a receiver (egress).
+    McastCopies,
+    /// Multicast copies not sent: the member had acknowledged the chunk, or
+    /// is the chunk's sender (egress).
+    McastSkipped,
+    /// Acknowledgements, completions and reports addressed to a member (egress).
+    AcksSent,
 }
 
 impl Counter {
     /// Number of counters.
-    pub const COUNT: usize = 21;
+    pub const COUNT: usize = 33;
 
     /// Every counter, in index order.
     pub const ALL: [Self; Self::COUNT] = [
@@ -84,6 +117,18 @@ impl Counter {
         Self::DropRedirect,
         Self::DropInternal,
         Self::EgressNotMember,
+        Self::McastReplicated,
+        Self::McastResent,
+        Self::AcksConsumed,
+        Self::AcksCompleted,
+        Self::AckFromCache,
+        Self::MissingReport,
+        Self::AnycastDelivered,
+        Self::DropNotSender,
+        Self::DropNoMemberUp,
+        Self::McastCopies,
+        Self::McastSkipped,
+        Self::AcksSent,
     ];
 
     /// A short snake-case name, for tables, JSON and metrics.
@@ -110,6 +155,18 @@ impl Counter {
             Self::DropRedirect => "drop_redirect",
             Self::DropInternal => "drop_internal",
             Self::EgressNotMember => "egress_not_member",
+            Self::McastReplicated => "mcast_replicated",
+            Self::McastResent => "mcast_resent",
+            Self::AcksConsumed => "acks_consumed",
+            Self::AcksCompleted => "acks_completed",
+            Self::AckFromCache => "ack_from_cache",
+            Self::MissingReport => "missing_report",
+            Self::AnycastDelivered => "anycast_delivered",
+            Self::DropNotSender => "drop_not_sender",
+            Self::DropNoMemberUp => "drop_no_member_up",
+            Self::McastCopies => "mcast_copies",
+            Self::McastSkipped => "mcast_skipped",
+            Self::AcksSent => "acks_sent",
         }
     }
 
@@ -122,6 +179,9 @@ impl Counter {
                 | Self::ResultsSent
                 | Self::NoticesSent
                 | Self::EgressNotMember
+                | Self::McastCopies
+                | Self::McastSkipped
+                | Self::AcksSent
         )
     }
 }

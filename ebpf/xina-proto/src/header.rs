@@ -40,6 +40,20 @@
 //!   reduce-scatter delivery modes (every rank of a chunk must name the same
 //!   root); ignored for allreduce.
 //! - `rank bitmap`: in a result, the ranks that contributed.
+//!
+//! Multicast groups reuse the layout (`job id` is the group id, `dtype` is
+//! [`DType::Bytes`] and `count` the payload length in bytes, `op` is 0):
+//!
+//! - data ([`Kind::McastData`]) from the sender: `rank` = `root` = the
+//!   sender, `seq` and `V + slot` name the chunk and its acknowledgement slot
+//!   (within the sender's window); `bitmap` is ignored. On the copies the
+//!   switch sends, `bitmap` holds the receivers this copy is for.
+//! - acknowledgements ([`Kind::McastAck`], no payload) from a receiver:
+//!   `rank` = the receiver, `root`, `seq` and `V + slot` copied from the data.
+//!   From the switch: `bitmap` = the receivers that acknowledged, or with
+//!   [`Flags::MISSING`] the ones that have not.
+//! - anycast data: `V + slot` carries the sender's flow label instead of a
+//!   slot; the switch hashes it with the source address and port.
 
 use core::fmt;
 
@@ -83,9 +97,11 @@ pub enum Kind {
     AggData = 1,
     /// The switch's aggregated result of a chunk.
     AggResult = 2,
-    /// One-to-many data (reserved for multicast groups).
+    /// A group sender's chunk, for the group's other members (multicast) or
+    /// for one of them (anycast). The payload is bytes ([`DType::Bytes`]).
     McastData = 3,
-    /// A receiver's acknowledgement of multicast data (reserved).
+    /// A receiver's acknowledgement of a multicast chunk, and the switch's
+    /// aggregated acknowledgement, completion or missing-receiver report.
     McastAck = 4,
     /// Control messages (reserved).
     Control = 5,
@@ -134,6 +150,9 @@ pub enum DType {
     I32 = 0,
     /// 64-bit two's complement integers.
     I64 = 1,
+    /// Opaque bytes: the payload of multicast and anycast data, never
+    /// combined (`count` is the payload length in bytes).
+    Bytes = 2,
 }
 
 impl DType {
@@ -142,6 +161,7 @@ impl DType {
         Some(match v {
             0 => Self::I32,
             1 => Self::I64,
+            2 => Self::Bytes,
             _ => return None,
         })
     }
@@ -151,6 +171,7 @@ impl DType {
         match self {
             Self::I32 => 4,
             Self::I64 => 8,
+            Self::Bytes => 1,
         }
     }
 
@@ -176,6 +197,16 @@ impl Flags {
     /// chunk's root (reduce, reduce-scatter), so no payload follows and the
     /// element count is 0.
     pub const NOTICE: u8 = 0x08;
+    /// Multicast: on data the switch sends to receivers, this copy is a
+    /// selective retransmission (`bitmap` = the receivers it goes to); on an
+    /// acknowledgement from the switch, a missing-receiver report (`bitmap`
+    /// = the receivers that have not acknowledged the chunk).
+    pub const MISSING: u8 = 0x10;
+    /// Multicast: set by the sender on the last window of chunks of a call.
+    /// The switch sends the completion of such a chunk to every member, not
+    /// only to the sender, so receivers learn that their acknowledgements
+    /// arrived before they return.
+    pub const SYNC: u8 = 0x20;
 
     /// Whether every bit of `bits` is set.
     pub const fn contains(self, bits: u8) -> bool {

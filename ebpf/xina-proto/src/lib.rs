@@ -11,9 +11,11 @@
 //! - [`checksum`]: incremental Internet checksum arithmetic (RFC 1624).
 //! - [`maps`]: map keys and values crossing the kernel/user boundary.
 //! - [`counters`]: the dataplane's counter indices and their names.
+//! - [`anycast`]: how the switch picks an anycast group's member for a flow.
 //! - [`lossy`]: the testbed's fault-injecting tc program (maps and config).
 #![no_std]
 
+pub mod anycast;
 pub mod checksum;
 pub mod counters;
 pub mod header;

@@ -33,6 +33,10 @@ pub mod names {
     /// hand-off from `xina_switch` to the aggregation program it tail-calls
     /// (private to the programs; pinned so an upgraded switch shares it).
     pub const SCRATCH: &str = "SCRATCH";
+    /// `Array<u64>`: data copies delivered to each member of a multicast or
+    /// anycast group, at index `Job::counters × 64 + rank` (not per CPU: the
+    /// egress program adds atomically).
+    pub const MEMBER_PACKETS: &str = "MEMBER_PACKETS";
     /// `Array<u32>` with one entry: the egress ifindex the test entry point
     /// of the egress program pretends to run on.
     pub const TEST_EGRESS_IFINDEX: &str = "TEST_EGRESS_IFINDEX";
@@ -101,13 +105,43 @@ pub mod mode {
     /// Like [`REDUCE`], but each chunk names its own root (its owner), so the
     /// result is scattered over the ranks.
     pub const REDUCE_SCATTER: u8 = 2;
+    /// A multicast group: a sender's chunk goes to every other member, whose
+    /// acknowledgements the switch aggregates in the sender's slot window.
+    pub const MULTICAST: u8 = 3;
+    /// An anycast group: each packet goes to one member that is up, chosen by
+    /// [`crate::anycast::pick`] from the sender's flow.
+    pub const ANYCAST: u8 = 4;
+
+    /// Whether `mode` is a group (multicast or anycast) rather than an
+    /// aggregation job.
+    pub const fn is_group(mode: u8) -> bool {
+        mode == MULTICAST || mode == ANYCAST
+    }
 }
+
+/// Bits of `Member::flags`.
+pub mod member_flags {
+    /// Groups: the member may send data to the group.
+    pub const SENDER: u8 = 0x01;
+    /// Anycast: the member is marked down and receives nothing new (its bit
+    /// is also cleared from the group's `Job::all_ranks`).
+    pub const DOWN: u8 = 0x02;
+}
+
+/// Entries of the per-member packet counters (`MEMBER_PACKETS`) per job.
+pub const MEMBER_PACKETS_PER_JOB: u32 = crate::MAX_RANKS as u32;
 
 /// One counter of each kind, indexed by [`crate::counters::Counter`]: the
 /// value of the per-job and per-port counter maps.
 pub type CounterBlock = [u64; crate::counters::Counter::COUNT];
 
-/// An installed job (tenant).
+/// An installed job (tenant), or a multicast or anycast group.
+///
+/// For a group, `dtype` is [`crate::DType::Bytes`], `op` is 0, `elems` the
+/// most payload bytes per packet, and `all_ranks` the members that receive:
+/// every member for multicast, the members that are up for anycast. A
+/// multicast group's slot range is split into `fan_in` equal windows, one per
+/// rank, `slot_count / fan_in` slots each; a sender's chunks use its window.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Job {
@@ -161,7 +195,9 @@ pub struct Member {
     /// MAC address of the switch port the member is attached to (the source
     /// MAC of frames sent to it).
     pub port_mac: [u8; 6],
-    pub _pad: [u8; 2],
+    /// [`member_flags`] bits (groups only; 0 in aggregation jobs).
+    pub flags: u8,
+    pub _pad: u8,
     /// Interface index of that switch port.
     pub ifindex: u32,
     /// The member's rank.
@@ -192,7 +228,12 @@ pub mod slot_state {
     pub const COMPLETE: u32 = 2;
 }
 
-/// One copy of an aggregator slot. A slot has two copies (selected by the
+/// One copy of an aggregator slot. A multicast group uses the same copies
+/// for acknowledgements: `seq` and `root` name the chunk and its sender,
+/// `bitmap` holds the receivers that acknowledged it, `flags` its
+/// [`crate::Flags::SYNC`] bit, `state` is `PARTIAL` until every receiver has
+/// acknowledged and `COMPLETE` after; `values` are unused.
+/// A slot has two copies (selected by the
 /// header's version bit): while chunk `s + W` accumulates in one, the other
 /// still holds the result of chunk `s` for ranks that retransmit.
 ///

@@ -15,6 +15,7 @@ pub(crate) const fn dtype_name(dtype: DType) -> &'static str {
     match dtype {
         DType::I32 => "int32",
         DType::I64 => "int64",
+        DType::Bytes => "bytes",
     }
 }
 

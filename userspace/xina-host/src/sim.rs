@@ -283,6 +283,10 @@ impl SwitchModel {
             elems_per_packet > 0 && usize::from(elems_per_packet) <= dtype.max_elems(),
             "{elems_per_packet} elements of {dtype:?} per packet"
         );
+        assert!(
+            dtype != DType::Bytes,
+            "the simulated switch aggregates integers; bytes are multicast payload"
+        );
         self.jobs.insert(
             job,
             JobState {
@@ -437,6 +441,7 @@ fn elements(payload: &[u8], dtype: DType) -> Vec<i64> {
                 raw.copy_from_slice(b);
                 i64::from_be_bytes(raw)
             }
+            DType::Bytes => unreachable!("add_job_with refuses byte jobs"),
         })
         .collect()
 }
@@ -452,6 +457,7 @@ fn combine(config: JobConfig, acc: i64, value: i64) -> (i64, bool) {
             None if value > 0 => (i64::MAX, true),
             None => (i64::MIN, true),
         },
+        (Op::Sum, DType::Bytes) => unreachable!("add_job_with refuses byte jobs"),
         (Op::Max, _) => (acc.max(value), false),
         (Op::Min, _) => (acc.min(value), false),
     }
@@ -465,6 +471,7 @@ fn clamp(dtype: DType, value: i64) -> (i64, bool) {
             (clamped, clamped != value)
         }
         DType::I64 => (value, false),
+        DType::Bytes => unreachable!("add_job_with refuses byte jobs"),
     }
 }
 
@@ -497,6 +504,7 @@ fn result(to: &Repr, copy: &SlotCopy, dtype: DType, from_cache: bool) -> Vec<u8>
             // Clamped to the type's range when the chunk completed.
             DType::I32 => dst.copy_from_slice(&(*value as i32).to_be_bytes()),
             DType::I64 => dst.copy_from_slice(&value.to_be_bytes()),
+            DType::Bytes => unreachable!("add_job_with refuses byte jobs"),
         }
     }
     buf

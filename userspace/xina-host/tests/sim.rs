@@ -377,6 +377,7 @@ impl Contribution {
             match dtype {
                 DType::I32 => packet.set_i32_at(i, i32::try_from(*v).unwrap()),
                 DType::I64 => packet.set_i64_at(i, *v),
+                DType::Bytes => packet.payload_mut()[i] = u8::try_from(*v).unwrap(),
             }
         }
         buf
@@ -628,6 +629,7 @@ fn max_min_and_int64_sums_follow_the_dataplane() {
             .map(|i| match dtype {
                 DType::I32 => i64::from(packet.i32_at(i)),
                 DType::I64 => packet.i64_at(i),
+                DType::Bytes => i64::from(packet.payload()[i]),
             })
             .collect();
         (values, repr.flags.contains(Flags::OVERFLOW))

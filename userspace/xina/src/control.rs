@@ -265,6 +265,7 @@ impl JobView {
             dtype: match job.dtype {
                 xina_proto::DType::I32 => "i32",
                 xina_proto::DType::I64 => "i64",
+                xina_proto::DType::Bytes => "bytes",
             },
             mode: job.mode.name(),
             fan_in: job.members.len(),

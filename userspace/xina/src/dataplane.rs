@@ -239,8 +239,14 @@ enum PortLink {
 }
 
 /// Counters summed over CPUs.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Counters(pub [u64; Counter::COUNT]);
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self([0; Counter::COUNT])
+    }
+}
 
 impl Counters {
     pub fn get(&self, c: Counter) -> u64 {
@@ -1432,7 +1438,8 @@ fn member_value(m: &MemberSpec, ports: &[Port]) -> Member {
         port: m.udp_port.to_be_bytes(),
         mac: m.mac,
         port_mac: m.port_mac,
-        _pad: [0; 2],
+        flags: 0,
+        _pad: 0,
         ifindex: m.ifindex,
         rank: u32::from(m.rank),
         port_index,

@@ -134,10 +134,11 @@ pub fn parse(f: &[u8]) -> Option<Parsed> {
     let elems: Vec<i64> = match repr.dtype {
         DType::I32 => (0..count).map(|i| i64::from(packet.i32_at(i))).collect(),
         DType::I64 => (0..count).map(|i| packet.i64_at(i)).collect(),
+        DType::Bytes => packet.payload().iter().map(|&b| i64::from(b)).collect(),
     };
     let values = match repr.dtype {
         DType::I32 => (0..count).map(|i| packet.i32_at(i)).collect(),
-        DType::I64 => Vec::new(),
+        DType::I64 | DType::Bytes => Vec::new(),
     };
     let be16 = |b: &[u8], at: usize| usize::from(u16::from_be_bytes([b[at], b[at + 1]]));
     let lengths_ok =

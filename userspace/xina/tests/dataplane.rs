@@ -568,6 +568,10 @@ fn encode(dtype: DType, values: &[i64]) -> Vec<u8> {
             .flat_map(|v| i32::try_from(*v).expect("an int32 value").to_be_bytes())
             .collect(),
         DType::I64 => frame::i64_payload(values),
+        DType::Bytes => values
+            .iter()
+            .map(|v| u8::try_from(*v).expect("a byte value"))
+            .collect(),
     }
 }
 
@@ -1488,6 +1492,7 @@ fn size_class_boundaries() {
         let (lo, hi) = match dtype {
             DType::I32 => (i64::from(i32::MIN), i64::from(i32::MAX)),
             DType::I64 => (i64::MIN, i64::MAX),
+            DType::Bytes => (0, 255),
         };
         for elems in sizes {
             for op in [Op::Sum, Op::Max, Op::Min] {

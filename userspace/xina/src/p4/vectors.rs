@@ -564,6 +564,7 @@ impl Ctx<'_> {
 /// Big-endian elements of `dtype`.
 fn encode(dtype: DType, values: &[i64]) -> Result<Vec<u8>, String> {
     match dtype {
+        DType::Bytes => Err("the P4 vectors carry no multicast payload".into()),
         DType::I64 => Ok(frame::i64_payload(values)),
         DType::I32 => {
             let v: Result<Vec<i32>, _> = values.iter().map(|v| i32::try_from(*v)).collect();
