@@ -44,10 +44,7 @@ pub fn pick(key: u64, up: u64) -> Option<u8> {
         }
         rank += 1;
     }
-    match best {
-        Some((_, r)) => Some(r),
-        None => None,
-    }
+    best.map(|(_, r)| r)
 }
 
 #[cfg(test)]
