@@ -96,11 +96,10 @@ impl AsyncWorker {
     /// As there.
     pub async fn barrier(&mut self) -> Result<Stats, Error> {
         match self.core.params.dtype {
-            DType::I32 => self.call::<i32>(Collective::Barrier, &mut []).await,
-            DType::I64 => self.call::<i64>(Collective::Barrier, &mut []).await,
             // A group's member cannot take part in a barrier: the engine
             // refuses the type (`Error::WrongType`).
-            DType::Bytes => self.call::<i32>(Collective::Barrier, &mut []).await,
+            DType::I32 | DType::Bytes => self.call::<i32>(Collective::Barrier, &mut []).await,
+            DType::I64 => self.call::<i64>(Collective::Barrier, &mut []).await,
         }
     }
 

@@ -393,11 +393,10 @@ impl Worker {
     /// As [`allreduce`](Self::allreduce).
     pub fn barrier(&mut self) -> Result<Stats, Error> {
         match self.core.params.dtype {
-            DType::I32 => self.call::<i32>(Collective::Barrier, &mut []),
-            DType::I64 => self.call::<i64>(Collective::Barrier, &mut []),
             // A group's member cannot take part in a barrier: the engine
             // refuses the type (`Error::WrongType`).
-            DType::Bytes => self.call::<i32>(Collective::Barrier, &mut []),
+            DType::I32 | DType::Bytes => self.call::<i32>(Collective::Barrier, &mut []),
+            DType::I64 => self.call::<i64>(Collective::Barrier, &mut []),
         }
     }
 
