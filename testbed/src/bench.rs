@@ -398,6 +398,8 @@ fn member(rank: u8) -> MemberSpec {
         // Test runs never redirect for real; the index only has to be set.
         ifindex: 100 + u32::from(rank),
         port_mac: [0x02, 0x5b, 0, 0, 0, rank + 1],
+        sender: false,
+        down: false,
     }
 }
 

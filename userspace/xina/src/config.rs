@@ -319,6 +319,8 @@ impl Job {
                 mac: parse_mac(&member.mac).expect("checked by parse"),
                 ifindex,
                 port_mac,
+                sender: false,
+                down: false,
             });
         }
         members.sort_by_key(|m| m.rank);

@@ -31,7 +31,7 @@ use xina_proto::{
     counters::Counter,
     maps::{
         CounterBlock, DEFAULT_SLOT_POOL, Job, MAX_JOBS, MAX_PORTS, Member, MemberKey,
-        NO_PORT_INDEX, PortKey, Slot, mode, names, programs,
+        NO_PORT_INDEX, PortKey, Slot, member_flags, mode, names, programs,
     },
 };
 
@@ -148,6 +148,10 @@ pub struct MemberSpec {
     pub ifindex: u32,
     /// MAC address of that switch port.
     pub port_mac: [u8; 6],
+    /// Groups: the member may send data to the group.
+    pub sender: bool,
+    /// Anycast groups: the member is marked down and receives nothing new.
+    pub down: bool,
 }
 
 /// Where a job's results go.
@@ -161,6 +165,11 @@ pub enum Mode {
     Reduce,
     /// Like `Reduce`, with each chunk naming its own root (its owner).
     ReduceScatter,
+    /// A multicast group: a sender's chunks go to every other member, which
+    /// acknowledge them through the switch.
+    Multicast,
+    /// An anycast group: each packet goes to one member that is up.
+    Anycast,
 }
 
 impl Mode {
@@ -170,6 +179,8 @@ impl Mode {
             Self::Allreduce => mode::ALLREDUCE,
             Self::Reduce => mode::REDUCE,
             Self::ReduceScatter => mode::REDUCE_SCATTER,
+            Self::Multicast => mode::MULTICAST,
+            Self::Anycast => mode::ANYCAST,
         }
     }
 
@@ -179,6 +190,8 @@ impl Mode {
             mode::ALLREDUCE => Self::Allreduce,
             mode::REDUCE => Self::Reduce,
             mode::REDUCE_SCATTER => Self::ReduceScatter,
+            mode::MULTICAST => Self::Multicast,
+            mode::ANYCAST => Self::Anycast,
             _ => return None,
         })
     }
@@ -189,7 +202,14 @@ impl Mode {
             Self::Allreduce => "allreduce",
             Self::Reduce => "reduce",
             Self::ReduceScatter => "reduce-scatter",
+            Self::Multicast => "multicast",
+            Self::Anycast => "anycast",
         }
+    }
+
+    /// Whether this is a group (multicast or anycast), not an aggregation job.
+    pub const fn is_group(self) -> bool {
+        matches!(self, Self::Multicast | Self::Anycast)
     }
 }
 
@@ -660,6 +680,8 @@ impl Dataplane {
                     mac: m.mac,
                     ifindex: m.ifindex,
                     port_mac: m.port_mac,
+                    sender: m.flags & member_flags::SENDER != 0,
+                    down: m.flags & member_flags::DOWN != 0,
                 });
             }
             out.push((
@@ -1438,7 +1460,8 @@ fn member_value(m: &MemberSpec, ports: &[Port]) -> Member {
         port: m.udp_port.to_be_bytes(),
         mac: m.mac,
         port_mac: m.port_mac,
-        flags: 0,
+        flags: if m.sender { member_flags::SENDER } else { 0 }
+            | if m.down { member_flags::DOWN } else { 0 },
         _pad: 0,
         ifindex: m.ifindex,
         rank: u32::from(m.rank),

@@ -98,6 +98,8 @@ fn member_a(rank: u8) -> MemberSpec {
         mac: [0x02, 0x41, 0, 0, 0, rank + 1],
         ifindex: 100 + u32::from(rank),
         port_mac: [0x02, 0x5a, 0, 0, 0x41, rank + 1],
+        sender: false,
+        down: false,
     }
 }
 
@@ -110,6 +112,8 @@ fn member_b(rank: u8) -> MemberSpec {
         mac: [0x02, 0x42, 0, 0, 0, rank + 1],
         ifindex: 200 + u32::from(rank),
         port_mac: [0x02, 0x5a, 0, 0, 0x42, rank + 1],
+        sender: false,
+        down: false,
     }
 }
 

@@ -35,6 +35,8 @@ fn member(rank: u8) -> MemberSpec {
         mac: [0x02, 0x77, 0, 0, 0, rank + 1],
         ifindex: 100 + u32::from(rank),
         port_mac: [0x02, 0x5a, 0, 0, 0, rank + 1],
+        sender: false,
+        down: false,
     }
 }
 
