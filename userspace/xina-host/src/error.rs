@@ -160,6 +160,16 @@ pub enum Error {
         chunks: usize,
     },
 
+    /// A multicast group's parameters are out of range.
+    #[error("group {group}: {problem}")]
+    InvalidGroup { group: u32, problem: String },
+
+    /// A broadcast or allgather stopped moving for the configured give-up
+    /// time; the details name the receivers the switch reported missing, or
+    /// the silent root.
+    #[error("{0}")]
+    GroupStalled(Box<GroupStall>),
+
     /// The worker's socket could not be bound.
     #[error("cannot bind the xina worker socket to {addr}")]
     Bind {
@@ -224,5 +234,53 @@ impl fmt::Display for SeqList {
             write!(f, " and {hidden} more")?;
         }
         Ok(())
+    }
+}
+
+/// What is known about a multicast call that stopped moving.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupStall {
+    pub group: u32,
+    pub rank: u8,
+    /// `"broadcast"` or `"allgather"`.
+    pub collective: &'static str,
+    /// The sender whose chunks did not complete.
+    pub root: u8,
+    pub waited: Duration,
+    /// How far the stream got, in words.
+    pub progress: String,
+    /// The receivers the switch last reported as not having acknowledged a
+    /// chunk (empty when no report came).
+    pub missing: Vec<u8>,
+    /// What the engine knows about the cause.
+    pub reason: &'static str,
+    /// The chunks not done.
+    pub open: SeqList,
+}
+
+impl fmt::Display for GroupStall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "group {}, rank {}: {} from root {} made no progress for {:?} ({}); {}",
+            self.group,
+            self.rank,
+            self.collective,
+            self.root,
+            self.waited,
+            self.progress,
+            self.reason
+        )?;
+        if !self.missing.is_empty() {
+            f.write_str(": receiver(s) ")?;
+            for (i, r) in self.missing.iter().enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "{r}")?;
+            }
+            f.write_str(" have not acknowledged")?;
+        }
+        write!(f, "; {}", self.open)
     }
 }

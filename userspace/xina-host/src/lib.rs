@@ -97,12 +97,15 @@ pub mod call;
 pub mod engine;
 mod error;
 pub mod float;
+pub mod group;
+pub mod group_sim;
 pub mod sim;
 mod tokio_driver;
 pub mod udp;
 
 pub use call::Scalar;
 pub use engine::{Collective, Config, Element, Engine, Member, Mode, RttEstimator, Stats};
-pub use error::{Error, SeqList};
-pub use tokio_driver::AsyncWorker;
-pub use udp::{JobParams, Worker};
+pub use error::{Error, GroupStall, SeqList};
+pub use group::{GroupCollective, GroupEngine, GroupParams};
+pub use tokio_driver::{AsyncGroupWorker, AsyncWorker};
+pub use udp::{GroupWorker, JobParams, Worker};

@@ -9,7 +9,7 @@
 
 use std::io;
 use std::net::SocketAddrV4;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 use xina_proto::DType;
@@ -17,7 +17,11 @@ use xina_proto::DType;
 use crate::call::{Scalar, Step, StepData, StepOutcome};
 use crate::engine::{Collective, Config, Element, Engine, RttEstimator, Stats};
 use crate::error::Error;
-use crate::udp::{Core, JobParams, MAX_WAIT, Socket, no_buffer_space, run_plan};
+use crate::group::{GroupCollective, GroupEngine, GroupParams, GroupState};
+use crate::udp::{
+    Core, JobParams, MAX_WAIT, RxBatch, SansIo, Socket, TxQueue, bind_group_socket, group_io_error,
+    no_buffer_space, run_plan,
+};
 
 /// A worker of one job driven by tokio; see [`Worker`](crate::Worker) for
 /// the meaning of every call, which is the same here.
@@ -131,68 +135,188 @@ impl AsyncWorker {
     }
 
     async fn drive<T: Element>(&mut self, engine: &mut Engine<'_, T>) -> Result<Stats, Error> {
+        let (job, rank) = (self.core.params.job, self.core.params.rank);
         let core = &mut self.core;
-        let socket = &mut self.socket;
+        drive(
+            &mut self.socket,
+            &mut core.tx,
+            &mut core.rx,
+            core.config.give_up,
+            engine,
+            |action, source| Error::Io {
+                job,
+                rank,
+                action,
+                source,
+            },
+        )
+        .await
+    }
+}
+
+/// Runs `engine` over the tokio-registered socket to its outcome (the async
+/// twin of the blocking driver in [`crate::udp`]).
+async fn drive<E: SansIo>(
+    socket: &mut AsyncFd<Socket>,
+    tx: &mut TxQueue,
+    rx: &mut RxBatch,
+    give_up: Duration,
+    engine: &mut E,
+    io_error: impl Fn(&'static str, io::Error) -> Error,
+) -> Result<Stats, Error> {
+    loop {
+        let send_started = Instant::now();
         loop {
-            let send_started = Instant::now();
-            loop {
-                core.tx
-                    .fill(|buf| engine.poll_transmit(Instant::now(), buf));
-                if core.tx.is_empty() {
-                    break;
-                }
-                let limit = core.config.give_up;
-                let sent =
-                    tokio::time::timeout(limit.saturating_sub(send_started.elapsed()), async {
-                        loop {
-                            let mut guard = socket.writable_mut().await?;
-                            match guard.try_io(|s| s.get_mut().try_send_batch(&mut core.tx)) {
-                                Ok(result) => return result,
-                                Err(_would_block) => {}
-                            }
+            tx.fill(|buf| engine.poll_transmit(Instant::now(), buf));
+            if tx.is_empty() {
+                break;
+            }
+            let sent =
+                tokio::time::timeout(give_up.saturating_sub(send_started.elapsed()), async {
+                    loop {
+                        let mut guard = socket.writable_mut().await?;
+                        match guard.try_io(|s| s.get_mut().try_send_batch(tx)) {
+                            Ok(result) => return result,
+                            Err(_would_block) => {}
                         }
-                    })
-                    .await;
-                match sent {
-                    Ok(result) => {
-                        result.map_err(|source| core.io_error("sending to the switch", source))?;
                     }
-                    Err(_elapsed) => {
-                        return Err(core.io_error("sending to the switch", no_buffer_space(limit)));
-                    }
+                })
+                .await;
+            match sent {
+                Ok(result) => result.map_err(|source| io_error("sending to the switch", source))?,
+                Err(_elapsed) => {
+                    return Err(io_error("sending to the switch", no_buffer_space(give_up)));
                 }
-            }
-            if let Some(outcome) = engine.take_outcome() {
-                return outcome;
-            }
-
-            let now = Instant::now();
-            let deadline = engine.poll_timeout().unwrap_or(now).min(now + MAX_WAIT);
-            let received = tokio::time::timeout_at(deadline.into(), async {
-                loop {
-                    let mut guard = socket.readable_mut().await?;
-                    match guard.try_io(|s| {
-                        let n = s.get_ref().receive_into(engine, &mut core.rx)?;
-                        if n == 0 {
-                            Err(io::ErrorKind::WouldBlock.into())
-                        } else {
-                            Ok(n)
-                        }
-                    }) {
-                        Ok(result) => return result,
-                        Err(_would_block) => {}
-                    }
-                }
-            })
-            .await;
-            if let Ok(result) = received {
-                result.map_err(|source| core.io_error("receiving from the switch", source))?;
-            }
-
-            let now = Instant::now();
-            if engine.poll_timeout().is_some_and(|t| t <= now) {
-                engine.handle_timeout(now);
             }
         }
+        if let Some(outcome) = engine.take_outcome() {
+            return outcome;
+        }
+
+        let now = Instant::now();
+        let deadline = engine.poll_timeout().unwrap_or(now).min(now + MAX_WAIT);
+        let received = tokio::time::timeout_at(deadline.into(), async {
+            loop {
+                let mut guard = socket.readable_mut().await?;
+                match guard.try_io(|s| {
+                    let n = s.get_ref().receive_into(engine, rx)?;
+                    if n == 0 {
+                        Err(io::ErrorKind::WouldBlock.into())
+                    } else {
+                        Ok(n)
+                    }
+                }) {
+                    Ok(result) => return result,
+                    Err(_would_block) => {}
+                }
+            }
+        })
+        .await;
+        if let Ok(result) = received {
+            result.map_err(|source| io_error("receiving from the switch", source))?;
+        }
+
+        let now = Instant::now();
+        if engine.poll_timeout().is_some_and(|t| t <= now) {
+            engine.handle_timeout(now);
+        }
+    }
+}
+
+/// A member of one multicast group driven by tokio; see
+/// [`GroupWorker`](crate::GroupWorker) for the meaning of every call, which
+/// is the same here.
+#[derive(Debug)]
+pub struct AsyncGroupWorker {
+    params: GroupParams,
+    config: Config,
+    state: Option<GroupState>,
+    tx: TxQueue,
+    rx: RxBatch,
+    socket: AsyncFd<Socket>,
+}
+
+impl AsyncGroupWorker {
+    /// Validates the parameters and binds a UDP socket to `bind`, registered
+    /// with the current tokio runtime.
+    ///
+    /// # Errors
+    /// As [`GroupWorker::new`](crate::GroupWorker::new); [`Error::Io`] if
+    /// there is no runtime with I/O enabled.
+    pub fn new(params: GroupParams, bind: SocketAddrV4, config: Config) -> Result<Self, Error> {
+        let socket = bind_group_socket(&params, bind, &config)?;
+        // SAFETY: as in `AsyncWorker::new`.
+        let socket = unsafe { AsyncFd::register(socket) }
+            .map_err(|e| group_io_error(&params, "registering the socket with tokio", e.into()))?;
+        Ok(Self {
+            params,
+            config,
+            state: Some(GroupState::default()),
+            tx: TxQueue::new(),
+            rx: RxBatch::new(),
+            socket,
+        })
+    }
+
+    /// The parameters the worker was created with.
+    pub const fn params(&self) -> &GroupParams {
+        &self.params
+    }
+
+    /// The address the worker's socket is bound to.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the socket cannot tell.
+    pub fn local_addr(&self) -> Result<SocketAddrV4, Error> {
+        self.socket
+            .get_ref()
+            .local_addr_or(|action, source| group_io_error(&self.params, action, source))
+    }
+
+    /// See [`GroupWorker::broadcast`](crate::GroupWorker::broadcast).
+    ///
+    /// # Errors
+    /// As there.
+    pub async fn broadcast(&mut self, root: u8, data: &mut [u8]) -> Result<Stats, Error> {
+        self.run(GroupCollective::Broadcast { root }, data).await
+    }
+
+    /// See [`GroupWorker::allgather`](crate::GroupWorker::allgather).
+    ///
+    /// # Errors
+    /// As there.
+    pub async fn allgather(&mut self, data: &mut [u8]) -> Result<Stats, Error> {
+        self.run(GroupCollective::Allgather, data).await
+    }
+
+    async fn run(&mut self, collective: GroupCollective, data: &mut [u8]) -> Result<Stats, Error> {
+        let state = self.state.take().unwrap_or_default();
+        let mut engine = match GroupEngine::new(
+            self.params,
+            self.config,
+            collective,
+            data,
+            state.clone(),
+            Instant::now(),
+        ) {
+            Ok(engine) => engine,
+            Err(e) => {
+                self.state = Some(state);
+                return Err(e);
+            }
+        };
+        let params = self.params;
+        let outcome = drive(
+            &mut self.socket,
+            &mut self.tx,
+            &mut self.rx,
+            self.config.give_up,
+            &mut engine,
+            |action, source| group_io_error(&params, action, source),
+        )
+        .await;
+        self.tx.clear();
+        self.state = Some(engine.into_state());
+        outcome
     }
 }

@@ -67,6 +67,7 @@ use crate::engine::{
     Collective, Config, Element, Engine, MAX_DATAGRAM_LEN, Member, Mode, RttEstimator, Stats,
 };
 use crate::error::Error;
+use crate::group::{GroupCollective, GroupEngine, GroupParams, GroupState};
 use xina_proto::{DType, Op};
 
 /// The longest the driver sleeps in one wait, whatever the engine's deadline.
@@ -429,41 +430,229 @@ impl Worker {
 
     /// Runs the engine to its outcome.
     fn drive<T: Element>(&mut self, engine: &mut Engine<'_, T>) -> Result<Stats, Error> {
+        let (job, rank) = (self.core.params.job, self.core.params.rank);
         let core = &mut self.core;
-        loop {
-            // Everything the engine allows goes out, a batch at a time; what
-            // the kernel does not take stays queued for the next batch.
-            loop {
-                core.tx
-                    .fill(|buf| engine.poll_transmit(Instant::now(), buf));
-                if core.tx.is_empty() {
-                    break;
-                }
-                self.socket
-                    .send_batch(&mut core.tx, core.config.give_up)
-                    .map_err(|source| core.io_error("sending to the switch", source))?;
-            }
-            if let Some(outcome) = engine.take_outcome() {
-                return outcome;
-            }
+        drive(
+            &mut self.socket,
+            &mut core.tx,
+            &mut core.rx,
+            core.config.give_up,
+            engine,
+            |action, source| Error::Io {
+                job,
+                rank,
+                action,
+                source,
+            },
+        )
+    }
+}
 
-            let now = Instant::now();
-            let deadline = engine.poll_timeout().unwrap_or(now);
-            let wait = deadline.saturating_duration_since(now).min(MAX_WAIT);
-            if !wait.is_zero() {
-                self.socket
-                    .wait(libc::POLLIN, wait)
-                    .map_err(|source| core.io_error("waiting for results", source))?;
-            }
-            self.socket
-                .receive_into(engine, &mut core.rx)
-                .map_err(|source| core.io_error("receiving from the switch", source))?;
+/// What a driver needs from a sans-IO engine: the allreduce [`Engine`] and
+/// the multicast [`GroupEngine`] alike.
+pub(crate) trait SansIo {
+    fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize>;
+    fn handle_packet(&mut self, now: Instant, datagram: &[u8]);
+    fn poll_timeout(&self) -> Option<Instant>;
+    fn handle_timeout(&mut self, now: Instant);
+    fn take_outcome(&mut self) -> Option<Result<Stats, Error>>;
+}
 
-            let now = Instant::now();
-            if engine.poll_timeout().is_some_and(|t| t <= now) {
-                engine.handle_timeout(now);
+/// Implements [`SansIo`] by the engine's methods of the same names.
+macro_rules! sans_io {
+    ($($ty:ty $(where $t:ident: $bound:path)?),*) => {$(
+        impl<$($t: $bound)?> SansIo for $ty {
+            fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+                Self::poll_transmit(self, now, buf)
+            }
+            fn handle_packet(&mut self, now: Instant, datagram: &[u8]) {
+                Self::handle_packet(self, now, datagram);
+            }
+            fn poll_timeout(&self) -> Option<Instant> {
+                Self::poll_timeout(self)
+            }
+            fn handle_timeout(&mut self, now: Instant) {
+                Self::handle_timeout(self, now);
+            }
+            fn take_outcome(&mut self) -> Option<Result<Stats, Error>> {
+                Self::take_outcome(self)
             }
         }
+    )*};
+}
+sans_io!(Engine<'_, T> where T: Element, GroupEngine<'_>);
+
+/// Runs `engine` over the blocking socket to its outcome: everything the
+/// engine allows goes out a batch at a time, then the driver waits for
+/// datagrams until the engine's next deadline.
+fn drive<E: SansIo>(
+    socket: &mut Socket,
+    tx: &mut TxQueue,
+    rx: &mut RxBatch,
+    give_up: Duration,
+    engine: &mut E,
+    io_error: impl Fn(&'static str, io::Error) -> Error,
+) -> Result<Stats, Error> {
+    loop {
+        // What the kernel does not take stays queued for the next batch.
+        loop {
+            tx.fill(|buf| engine.poll_transmit(Instant::now(), buf));
+            if tx.is_empty() {
+                break;
+            }
+            socket
+                .send_batch(tx, give_up)
+                .map_err(|source| io_error("sending to the switch", source))?;
+        }
+        if let Some(outcome) = engine.take_outcome() {
+            return outcome;
+        }
+
+        let now = Instant::now();
+        let deadline = engine.poll_timeout().unwrap_or(now);
+        let wait = deadline.saturating_duration_since(now).min(MAX_WAIT);
+        if !wait.is_zero() {
+            socket
+                .wait(libc::POLLIN, wait)
+                .map_err(|source| io_error("waiting for the switch", source))?;
+        }
+        socket
+            .receive_into(engine, rx)
+            .map_err(|source| io_error("receiving from the switch", source))?;
+
+        let now = Instant::now();
+        if engine.poll_timeout().is_some_and(|t| t <= now) {
+            engine.handle_timeout(now);
+        }
+    }
+}
+
+/// A member of one multicast group, with its socket: runs broadcasts and
+/// allgathers over UDP, blocking the calling thread until each completes or
+/// fails. See [`crate::group`] for the protocol.
+#[derive(Debug)]
+pub struct GroupWorker {
+    params: GroupParams,
+    config: Config,
+    state: Option<GroupState>,
+    tx: TxQueue,
+    rx: RxBatch,
+    socket: Socket,
+}
+
+impl GroupWorker {
+    /// Validates the parameters and binds a UDP socket to `bind` (port 0
+    /// picks a free port).
+    ///
+    /// # Errors
+    /// [`Error::InvalidGroup`], [`Error::InvalidConfig`], [`Error::Bind`],
+    /// or [`Error::Io`] if the socket cannot be set up.
+    pub fn new(params: GroupParams, bind: SocketAddrV4, config: Config) -> Result<Self, Error> {
+        let socket = bind_group_socket(&params, bind, &config)?;
+        Ok(Self {
+            params,
+            config,
+            state: Some(GroupState::default()),
+            tx: TxQueue::new(),
+            rx: RxBatch::new(),
+            socket,
+        })
+    }
+
+    /// The parameters the worker was created with.
+    pub const fn params(&self) -> &GroupParams {
+        &self.params
+    }
+
+    /// The address the worker's socket is bound to (the address the switch
+    /// must know this rank by).
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the socket cannot tell.
+    pub fn local_addr(&self) -> Result<SocketAddrV4, Error> {
+        self.socket
+            .local_addr_or(|action, source| group_io_error(&self.params, action, source))
+    }
+
+    /// Copies `root`'s `data` into every member's `data` (the same length on
+    /// every member).
+    ///
+    /// # Errors
+    /// [`Error::GroupStalled`] when nothing moved for `give_up` (naming the
+    /// receivers the switch reports missing, or the silent root),
+    /// [`Error::RootOutOfRange`], [`Error::Io`].
+    pub fn broadcast(&mut self, root: u8, data: &mut [u8]) -> Result<Stats, Error> {
+        self.run(GroupCollective::Broadcast { root }, data)
+    }
+
+    /// Every member's part `rank` of `data` (`fan_in` equal parts) ends up in
+    /// every member's `data`.
+    ///
+    /// # Errors
+    /// As [`broadcast`](Self::broadcast), and [`Error::LengthNotDivisible`].
+    pub fn allgather(&mut self, data: &mut [u8]) -> Result<Stats, Error> {
+        self.run(GroupCollective::Allgather, data)
+    }
+
+    fn run(&mut self, collective: GroupCollective, data: &mut [u8]) -> Result<Stats, Error> {
+        let state = self.state.take().unwrap_or_default();
+        let mut engine = match GroupEngine::new(
+            self.params,
+            self.config,
+            collective,
+            data,
+            state.clone(),
+            Instant::now(),
+        ) {
+            Ok(engine) => engine,
+            Err(e) => {
+                self.state = Some(state);
+                return Err(e);
+            }
+        };
+        let params = self.params;
+        let outcome = drive(
+            &mut self.socket,
+            &mut self.tx,
+            &mut self.rx,
+            self.config.give_up,
+            &mut engine,
+            |action, source| group_io_error(&params, action, source),
+        );
+        // A failed send leaves datagrams of this call queued; no later call
+        // may send them.
+        self.tx.clear();
+        self.state = Some(engine.into_state());
+        outcome
+    }
+}
+
+/// Validates a group member's parameters and binds its socket.
+pub(crate) fn bind_group_socket(
+    params: &GroupParams,
+    bind: SocketAddrV4,
+    config: &Config,
+) -> Result<Socket, Error> {
+    params.validate()?;
+    config.validate()?;
+    let socket = UdpSocket::bind(bind).map_err(|source| Error::Bind { addr: bind, source })?;
+    socket
+        .set_nonblocking(true)
+        .map_err(|e| group_io_error(params, "making the socket non-blocking", e))?;
+    Ok(Socket::new(socket, params.switch))
+}
+
+/// An [`Error::Io`] of a group member (the group id in the job field).
+pub(crate) fn group_io_error(
+    params: &GroupParams,
+    action: &'static str,
+    source: io::Error,
+) -> Error {
+    Error::Io {
+        job: params.group,
+        rank: params.rank,
+        action,
+        source,
     }
 }
 
@@ -480,7 +669,7 @@ pub(crate) struct TxQueue {
 }
 
 impl TxQueue {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             bytes: vec![0; BATCH * MAX_DATAGRAM_LEN].into_boxed_slice(),
             lens: [0; BATCH],
@@ -571,7 +760,7 @@ pub(crate) struct RxBatch {
 }
 
 impl RxBatch {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             bytes: vec![0; BATCH * MAX_DATAGRAM_LEN].into_boxed_slice(),
             lens: [0; BATCH],
@@ -619,7 +808,7 @@ impl AsRawFd for Socket {
 impl Socket {
     /// Wraps a non-blocking socket that sends to `switch`: grows its buffers
     /// and finds out whether the kernel knows `UDP_SEGMENT`.
-    fn new(inner: UdpSocket, switch: SocketAddrV4) -> Self {
+    pub(crate) fn new(inner: UdpSocket, switch: SocketAddrV4) -> Self {
         let mut socket = Self {
             inner,
             switch,
@@ -830,9 +1019,9 @@ impl Socket {
 
     /// Gives the engine what has arrived: batches until the socket is drained
     /// or [`RECV_BURST`] datagrams were read.
-    pub(crate) fn receive_into<T: Element>(
+    pub(crate) fn receive_into<E: SansIo>(
         &self,
-        engine: &mut Engine<'_, T>,
+        engine: &mut E,
         rx: &mut RxBatch,
     ) -> io::Result<usize> {
         let mut received = 0;
@@ -853,13 +1042,21 @@ impl Socket {
 
     /// The address the socket is bound to.
     pub(crate) fn local_addr(&self, core: &Core) -> Result<SocketAddrV4, Error> {
+        self.local_addr_or(|action, source| core.io_error(action, source))
+    }
+
+    /// The address the socket is bound to, failures made errors by `error`.
+    pub(crate) fn local_addr_or(
+        &self,
+        error: impl Fn(&'static str, io::Error) -> Error,
+    ) -> Result<SocketAddrV4, Error> {
         match self.inner.local_addr() {
             Ok(SocketAddr::V4(addr)) => Ok(addr),
-            Ok(SocketAddr::V6(_)) => Err(core.io_error(
+            Ok(SocketAddr::V6(_)) => Err(error(
                 "reading the local address",
                 io::Error::new(io::ErrorKind::Unsupported, "the socket is not IPv4"),
             )),
-            Err(source) => Err(core.io_error("reading the local address", source)),
+            Err(source) => Err(error("reading the local address", source)),
         }
     }
 
