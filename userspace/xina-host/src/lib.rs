@@ -93,6 +93,7 @@
 //! # Ok::<(), xina_host::Error>(())
 //! ```
 
+pub mod anycast;
 pub mod call;
 pub mod engine;
 mod error;
