@@ -24,7 +24,7 @@ use xina_proto::{
 };
 
 use crate::{
-    config::{Config, ConfigError, JobFile, Mac, XdpModeName},
+    config::{Config, ConfigError, JobFile, Mac, XdpModeName, overlap},
     dataplane::{self, Dataplane, JobSpec},
     netdev,
     pin::{self, PinDir},
@@ -168,19 +168,21 @@ pub fn add_job(dp: &mut Dataplane, file: &JobFile) -> Result<JobSpec, JobError> 
     if file.id == 0 {
         return Err(bad("id", "0 (job ids start at 1)".to_owned()));
     }
+    file.check_keys("")?;
     let used: Vec<(u32, u32)> = dp.jobs().map(|j| (j.slot_base, j.slot_count)).collect();
     let pool = dp.slot_pool();
+    let count = file.slots();
     let slot_base = match file.slot_base {
         Some(base) => {
-            let end = u64::from(base) + u64::from(file.slot_count);
-            if let Some(other) = dp.jobs().find(|o| {
-                u64::from(base) < u64::from(o.slot_base + o.slot_count)
-                    && u64::from(o.slot_base) < end
-            }) {
+            if let Some(other) = dp
+                .jobs()
+                .find(|o| overlap((base, count), (o.slot_base, o.slot_count)))
+            {
                 return Err(bad(
                     "slot_base",
                     format!(
-                        "slots {base}..{end} overlap job {}'s slots {}..{}",
+                        "slots {base}..{} overlap job {}'s slots {}..{}",
+                        u64::from(base) + u64::from(count),
                         other.id,
                         other.slot_base,
                         other.slot_base + other.slot_count
@@ -189,13 +191,13 @@ pub fn add_job(dp: &mut Dataplane, file: &JobFile) -> Result<JobSpec, JobError> 
             }
             base
         }
-        None if file.slot_count == 0 || file.slot_count > pool => 0,
-        None => allocate_slots(&used, pool, file.slot_count).ok_or_else(|| {
+        // Nothing to allocate, or more than the pool: `check` says which.
+        None if count == 0 || count > pool => 0,
+        None => allocate_slots(&used, pool, count).ok_or_else(|| {
             bad(
-                "slot_count",
+                file.slots_field(),
                 format!(
-                    "{} slots wanted, but the pool is exhausted: its largest free range is {} of {pool} slots (`xina job rm` frees some)",
-                    file.slot_count,
+                    "{count} slots wanted, but the pool is exhausted: its largest free range is {} of {pool} slots (`xina job rm` frees some)",
                     largest_free(&used, pool)
                 ),
             )
@@ -203,7 +205,7 @@ pub fn add_job(dp: &mut Dataplane, file: &JobFile) -> Result<JobSpec, JobError> 
     };
     let ports: Vec<String> = dp.ports().iter().map(|p| p.name.clone()).collect();
     let job = file.check(slot_base, &ports, pool, netdev::neighbour)?;
-    let dtype = xina_proto::DType::from(job.dtype);
+    let dtype = job.dtype;
     let bytes =
         IPV4_HLEN + UDP_HLEN + HEADER_LEN + usize::from(job.elems_per_packet) * dtype.size();
     for (m, member) in job.members.iter().enumerate() {

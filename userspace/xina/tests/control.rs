@@ -204,7 +204,7 @@ fn bad_job_files_are_rejected_and_change_nothing() {
         ),
         (
             good.replacen("elems_per_packet = 64\n", "", 1),
-            "missing field `elems_per_packet`",
+            "elems_per_packet: missing (a job needs elements per packet)",
         ),
         (
             good.replacen(&ip1, "ip = \"10.77.0\"", 1),
