@@ -25,7 +25,7 @@ use xina_proto::{
 
 use crate::{
     config::{Config, ConfigError, JobFile, Mac, XdpModeName, overlap},
-    dataplane::{self, Dataplane, JobSpec},
+    dataplane::{self, Dataplane, JobSpec, Mode},
     netdev,
     pin::{self, PinDir},
     switch::{self, StartError},
@@ -229,6 +229,27 @@ pub fn add_job(dp: &mut Dataplane, file: &JobFile) -> Result<JobSpec, JobError> 
     Ok(spec)
 }
 
+/// Marks member `rank` of anycast group `job` down (it receives nothing new)
+/// or up again; see [`Dataplane::set_member_down`]. Whether that changed
+/// anything (`false`: the member already was so).
+///
+/// # Errors
+/// No such job, not an anycast group, not a member (each naming the job
+/// and the rank), or a map failure.
+pub fn set_member_down(
+    dp: &mut Dataplane,
+    job: u32,
+    rank: u8,
+    down: bool,
+) -> Result<bool, dataplane::Error> {
+    let was = dp
+        .job(job)
+        .and_then(|j| j.members.get(usize::from(rank)))
+        .map(|m| m.down);
+    dp.set_member_down(job, rank, down)?;
+    Ok(was != Some(down))
+}
+
 /// A member as `xina job show --json` prints it.
 #[derive(Clone, Debug, Serialize)]
 pub struct MemberView {
@@ -238,6 +259,10 @@ pub struct MemberView {
     pub mac: String,
     pub interface: String,
     pub ifindex: u32,
+    /// Groups: the member may send to the group.
+    pub sender: bool,
+    /// Anycast groups: the member is down (receives nothing new).
+    pub down: bool,
 }
 
 /// A job as `xina job ls/show --json` prints it.
@@ -252,6 +277,11 @@ pub struct JobView {
     pub slot_base: u32,
     pub slot_count: u32,
     pub members: Vec<MemberView>,
+    /// Groups: the most payload bytes per packet (`null` for a job).
+    pub bytes_per_packet: Option<u16>,
+    /// Multicast groups: chunks in flight per sender, each sender's share
+    /// of the slots (`null` otherwise).
+    pub window: Option<u32>,
 }
 
 impl JobView {
@@ -284,8 +314,15 @@ impl JobView {
                     mac: Mac(m.mac).to_string(),
                     interface: port_name(dp, m.ifindex),
                     ifindex: m.ifindex,
+                    sender: m.sender,
+                    down: m.down,
                 })
                 .collect(),
+            bytes_per_packet: job.mode.is_group().then_some(job.elems_per_packet),
+            window: match (job.mode, u32::try_from(job.members.len())) {
+                (Mode::Multicast, Ok(n)) if n > 0 => Some(job.slot_count / n),
+                _ => None,
+            },
         }
     }
 }
