@@ -1364,9 +1364,8 @@ impl Dataplane {
         let spec = self.jobs.get(&job).ok_or(Error::NoSuchJob(job))?;
         let bad = |what: String| Error::Job { job, what };
         if spec.mode != Mode::Anycast {
-            let kind = if spec.mode.is_group() { "group" } else { "job" };
             return Err(bad(format!(
-                "rank {rank}: only members of anycast groups go down or up (this is a {} {kind})",
+                "rank {rank}: only members of anycast groups go down or up (mode {})",
                 spec.mode.name()
             )));
         }
