@@ -205,17 +205,21 @@ pub fn add_job(dp: &mut Dataplane, file: &JobFile) -> Result<JobSpec, JobError> 
     };
     let ports: Vec<String> = dp.ports().iter().map(|p| p.name.clone()).collect();
     let job = file.check(slot_base, &ports, pool, netdev::neighbour)?;
-    let dtype = job.dtype;
     let bytes =
-        IPV4_HLEN + UDP_HLEN + HEADER_LEN + usize::from(job.elems_per_packet) * dtype.size();
+        IPV4_HLEN + UDP_HLEN + HEADER_LEN + usize::from(job.elems_per_packet) * job.dtype.size();
+    let (field, unit) = if job.mode.is_group() {
+        ("bytes_per_packet", "bytes")
+    } else {
+        ("elems_per_packet", "elements")
+    };
     for (m, member) in job.members.iter().enumerate() {
         let mtu = netdev::mtu(&member.interface)
             .map_err(|e| bad(&format!("members[{m}].interface"), format!("{e}")))?;
         if bytes > usize::try_from(mtu).unwrap_or(usize::MAX) {
             return Err(bad(
-                "elems_per_packet",
+                field,
                 format!(
-                    "{} elements make {bytes}-byte IP packets, more than the {mtu}-byte MTU of {} (members[{m}])",
+                    "{} {unit} make {bytes}-byte IP packets, more than the {mtu}-byte MTU of {} (members[{m}])",
                     job.elems_per_packet, member.interface
                 ),
             ));

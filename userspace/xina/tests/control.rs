@@ -214,6 +214,46 @@ fn bad_job_files_are_rejected_and_change_nothing() {
             "id = 2\nelems_per_packet = 64\nslot_count = 4\nmembers = []\n".to_owned(),
             "members: 0 members (must be 1..=64",
         ),
+        (
+            group_file(
+                &star,
+                2,
+                "mode = \"multicast\"\nbytes_per_packet = 1000\nwindow = 2",
+                ["sender = true", "", ""],
+            ),
+            "bytes_per_packet: 1000 bytes make 1060-byte IP packets, more than the 1000-byte MTU of",
+        ),
+        (
+            group_file(
+                &star,
+                2,
+                "mode = \"anycast\"\nwindow = 2",
+                ["sender = true", "", ""],
+            ),
+            "window: only for multicast groups (an anycast group takes no slots)",
+        ),
+        (
+            group_file(
+                &star,
+                2,
+                "mode = \"anycast\"\nslot_base = 8",
+                ["sender = true", "", ""],
+            ),
+            "slot_base: not for anycast groups (they take no slots)",
+        ),
+        (
+            group_file(&star, 2, "mode = \"multicast\"\nwindow = 2", ["", "", ""]),
+            "members: no sender (a multicast group needs a member with sender = true)",
+        ),
+        (
+            group_file(
+                &star,
+                2,
+                "mode = \"multicast\"\nwindow = 2\nslot_base = 10",
+                ["sender = true", "", ""],
+            ),
+            "slot_base: slots 10..16 overlap job 1's slots 0..16",
+        ),
     ];
     assert!(cases.len() >= 20);
     for (text, want) in &cases {

@@ -74,17 +74,24 @@ pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
                     serde_json::to_string_pretty(&JobView::new(&sw.dp, &spec))?
                 );
             } else {
+                let kind = if spec.mode.is_group() {
+                    format!("{} group, ", spec.mode.name())
+                } else {
+                    String::new()
+                };
+                let slots = if spec.slot_count == 0 {
+                    "no slots".to_owned()
+                } else {
+                    format!(
+                        "slots {}..{}",
+                        spec.slot_base,
+                        spec.slot_base + spec.slot_count
+                    )
+                };
                 println!(
-                    "job {} installed: {}{} ranks, slots {}..{}",
+                    "job {} installed: {kind}{} ranks, {slots}",
                     spec.id,
-                    if spec.mode.is_group() {
-                        format!("{} group, ", spec.mode.name())
-                    } else {
-                        String::new()
-                    },
                     spec.members.len(),
-                    spec.slot_base,
-                    spec.slot_base + spec.slot_count
                 );
             }
         }
