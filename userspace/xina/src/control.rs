@@ -24,8 +24,8 @@ use xina_proto::{
 };
 
 use crate::{
-    config::{Config, ConfigError, JobFile, Mac, XdpModeName},
-    dataplane::{self, Dataplane, JobSpec},
+    config::{Config, ConfigError, JobFile, Mac, XdpModeName, overlap},
+    dataplane::{self, Dataplane, JobSpec, Mode},
     netdev,
     pin::{self, PinDir},
     switch::{self, StartError},
@@ -168,19 +168,21 @@ pub fn add_job(dp: &mut Dataplane, file: &JobFile) -> Result<JobSpec, JobError> 
     if file.id == 0 {
         return Err(bad("id", "0 (job ids start at 1)".to_owned()));
     }
+    file.check_keys("")?;
     let used: Vec<(u32, u32)> = dp.jobs().map(|j| (j.slot_base, j.slot_count)).collect();
     let pool = dp.slot_pool();
+    let count = file.slots();
     let slot_base = match file.slot_base {
         Some(base) => {
-            let end = u64::from(base) + u64::from(file.slot_count);
-            if let Some(other) = dp.jobs().find(|o| {
-                u64::from(base) < u64::from(o.slot_base + o.slot_count)
-                    && u64::from(o.slot_base) < end
-            }) {
+            if let Some(other) = dp
+                .jobs()
+                .find(|o| overlap((base, count), (o.slot_base, o.slot_count)))
+            {
                 return Err(bad(
                     "slot_base",
                     format!(
-                        "slots {base}..{end} overlap job {}'s slots {}..{}",
+                        "slots {base}..{} overlap job {}'s slots {}..{}",
+                        u64::from(base) + u64::from(count),
                         other.id,
                         other.slot_base,
                         other.slot_base + other.slot_count
@@ -189,13 +191,13 @@ pub fn add_job(dp: &mut Dataplane, file: &JobFile) -> Result<JobSpec, JobError> 
             }
             base
         }
-        None if file.slot_count == 0 || file.slot_count > pool => 0,
-        None => allocate_slots(&used, pool, file.slot_count).ok_or_else(|| {
+        // Nothing to allocate, or more than the pool: `check` says which.
+        None if count == 0 || count > pool => 0,
+        None => allocate_slots(&used, pool, count).ok_or_else(|| {
             bad(
-                "slot_count",
+                file.slots_field(),
                 format!(
-                    "{} slots wanted, but the pool is exhausted: its largest free range is {} of {pool} slots (`xina job rm` frees some)",
-                    file.slot_count,
+                    "{count} slots wanted, but the pool is exhausted: its largest free range is {} of {pool} slots (`xina job rm` frees some)",
                     largest_free(&used, pool)
                 ),
             )
@@ -203,17 +205,21 @@ pub fn add_job(dp: &mut Dataplane, file: &JobFile) -> Result<JobSpec, JobError> 
     };
     let ports: Vec<String> = dp.ports().iter().map(|p| p.name.clone()).collect();
     let job = file.check(slot_base, &ports, pool, netdev::neighbour)?;
-    let dtype = xina_proto::DType::from(job.dtype);
     let bytes =
-        IPV4_HLEN + UDP_HLEN + HEADER_LEN + usize::from(job.elems_per_packet) * dtype.size();
+        IPV4_HLEN + UDP_HLEN + HEADER_LEN + usize::from(job.elems_per_packet) * job.dtype.size();
+    let (field, unit) = if job.mode.is_group() {
+        ("bytes_per_packet", "bytes")
+    } else {
+        ("elems_per_packet", "elements")
+    };
     for (m, member) in job.members.iter().enumerate() {
         let mtu = netdev::mtu(&member.interface)
             .map_err(|e| bad(&format!("members[{m}].interface"), format!("{e}")))?;
         if bytes > usize::try_from(mtu).unwrap_or(usize::MAX) {
             return Err(bad(
-                "elems_per_packet",
+                field,
                 format!(
-                    "{} elements make {bytes}-byte IP packets, more than the {mtu}-byte MTU of {} (members[{m}])",
+                    "{} {unit} make {bytes}-byte IP packets, more than the {mtu}-byte MTU of {} (members[{m}])",
                     job.elems_per_packet, member.interface
                 ),
             ));
@@ -227,6 +233,27 @@ pub fn add_job(dp: &mut Dataplane, file: &JobFile) -> Result<JobSpec, JobError> 
     Ok(spec)
 }
 
+/// Marks member `rank` of anycast group `job` down (it receives nothing new)
+/// or up again; see [`Dataplane::set_member_down`]. Whether that changed
+/// anything (`false`: the member already was so).
+///
+/// # Errors
+/// No such job, not an anycast group, not a member (each naming the job
+/// and the rank), or a map failure.
+pub fn set_member_down(
+    dp: &mut Dataplane,
+    job: u32,
+    rank: u8,
+    down: bool,
+) -> Result<bool, dataplane::Error> {
+    let was = dp
+        .job(job)
+        .and_then(|j| j.members.get(usize::from(rank)))
+        .map(|m| m.down);
+    dp.set_member_down(job, rank, down)?;
+    Ok(was != Some(down))
+}
+
 /// A member as `xina job show --json` prints it.
 #[derive(Clone, Debug, Serialize)]
 pub struct MemberView {
@@ -236,6 +263,10 @@ pub struct MemberView {
     pub mac: String,
     pub interface: String,
     pub ifindex: u32,
+    /// Groups: the member may send to the group.
+    pub sender: bool,
+    /// Anycast groups: the member is down (receives nothing new).
+    pub down: bool,
 }
 
 /// A job as `xina job ls/show --json` prints it.
@@ -250,6 +281,11 @@ pub struct JobView {
     pub slot_base: u32,
     pub slot_count: u32,
     pub members: Vec<MemberView>,
+    /// Groups: the most payload bytes per packet (`null` for a job).
+    pub bytes_per_packet: Option<u16>,
+    /// Multicast groups: chunks in flight per sender, each sender's share
+    /// of the slots (`null` otherwise).
+    pub window: Option<u32>,
 }
 
 impl JobView {
@@ -282,8 +318,15 @@ impl JobView {
                     mac: Mac(m.mac).to_string(),
                     interface: port_name(dp, m.ifindex),
                     ifindex: m.ifindex,
+                    sender: m.sender,
+                    down: m.down,
                 })
                 .collect(),
+            bytes_per_packet: job.mode.is_group().then_some(job.elems_per_packet),
+            window: match (job.mode, u32::try_from(job.members.len())) {
+                (Mode::Multicast, Ok(n)) if n > 0 => Some(job.slot_count / n),
+                _ => None,
+            },
         }
     }
 }

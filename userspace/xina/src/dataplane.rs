@@ -1347,6 +1347,109 @@ impl Dataplane {
             0,
         )
     }
+
+    /// Marks member `rank` of anycast group `job` down (`down`: its bit
+    /// leaves the group's `all_ranks`, so no new packet is sent to it, and
+    /// its `MEMBERS` and `PORT_MEMBERS` entries get the DOWN flag) or up
+    /// again. The entries are read, changed and written back in an order
+    /// that keeps the bit set only while the flags say up: the job entry
+    /// first when going down, last when going up. Marking a member as it
+    /// already is changes nothing.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchJob`]; [`Error::Job`] when `job` is not an anycast
+    /// group or `rank` not one of its members; map failures (then the
+    /// entries written so far stay written: run it again).
+    pub fn set_member_down(&mut self, job: u32, rank: u8, down: bool) -> Result<(), Error> {
+        let spec = self.jobs.get(&job).ok_or(Error::NoSuchJob(job))?;
+        let bad = |what: String| Error::Job { job, what };
+        if spec.mode != Mode::Anycast {
+            return Err(bad(format!(
+                "rank {rank}: only members of anycast groups go down or up (mode {})",
+                spec.mode.name()
+            )));
+        }
+        let n = spec.members.len();
+        let ifindex = spec
+            .members
+            .get(usize::from(rank))
+            .ok_or_else(|| bad(format!("rank {rank} is not a member (ranks 0..{n})")))?
+            .ifindex;
+        let key = MemberKey {
+            job,
+            rank: u32::from(rank),
+        };
+        let port_key = PortKey { job, ifindex };
+        let what = |name: &str| format!("job {job} rank {rank}: {name}");
+        let read = |name: &'static str| {
+            move |source| Error::Map {
+                name,
+                what: what("reading"),
+                source,
+            }
+        };
+        let write = |name: &'static str| {
+            move |source| Error::Map {
+                name,
+                what: what("writing"),
+                source,
+            }
+        };
+        let mut job_value = {
+            let jobs: HashMap<&MapData, u32, Job> = map_ref(&self.maps, names::JOBS)?;
+            jobs.get(&job, 0).map_err(read(names::JOBS))?
+        };
+        let bit = 1u64 << rank;
+        if down {
+            job_value.all_ranks &= !bit;
+        } else {
+            job_value.all_ranks |= bit;
+        }
+        let flag = |mut m: Member| {
+            if down {
+                m.flags |= member_flags::DOWN;
+            } else {
+                m.flags &= !member_flags::DOWN;
+            }
+            m
+        };
+        let write_job = |maps: &mut Maps| -> Result<(), Error> {
+            let mut jobs: HashMap<&mut MapData, u32, Job> = map_mut(maps, names::JOBS)?;
+            jobs.insert(job, job_value, 0).map_err(write(names::JOBS))
+        };
+        if down {
+            write_job(&mut self.maps)?;
+        }
+        {
+            let mut members: HashMap<&mut MapData, MemberKey, Member> =
+                map_mut(&mut self.maps, names::MEMBERS)?;
+            let m = members.get(&key, 0).map_err(read(names::MEMBERS))?;
+            members
+                .insert(key, flag(m), 0)
+                .map_err(write(names::MEMBERS))?;
+        }
+        {
+            let mut by_port: HashMap<&mut MapData, PortKey, Member> =
+                map_mut(&mut self.maps, names::PORT_MEMBERS)?;
+            let m = by_port
+                .get(&port_key, 0)
+                .map_err(read(names::PORT_MEMBERS))?;
+            by_port
+                .insert(port_key, flag(m), 0)
+                .map_err(write(names::PORT_MEMBERS))?;
+        }
+        if !down {
+            write_job(&mut self.maps)?;
+        }
+        if let Some(m) = self
+            .jobs
+            .get_mut(&job)
+            .and_then(|j| j.members.get_mut(usize::from(rank)))
+        {
+            m.down = down;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Dataplane {

@@ -23,7 +23,7 @@ enum Command {
     /// Bring a pinned switch up or down, or show its status.
     #[command(subcommand)]
     Switch(cmd::switch::Command),
-    /// Add, remove, list and show jobs on a running switch.
+    /// Add, remove, list and show jobs and groups; take anycast members down and up.
     #[command(subcommand)]
     Job(cmd::job::Command),
     /// Print per-job, per-port and switch counters (summed over CPUs).

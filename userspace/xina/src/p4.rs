@@ -18,10 +18,9 @@ pub mod vectors;
 use std::{collections::BTreeMap, fmt::Write as _};
 
 use serde_json::{Value, json};
-use xina_proto::{MAX_RANKS, Op, maps::MAX_JOBS};
+use xina_proto::{MAX_RANKS, maps::MAX_JOBS};
 
 use crate::config::{Config, ConfigError, Mac};
-use crate::dataplane::Mode;
 
 /// Aggregator lanes: most elements per packet (`ELEMS` in `p4/config.p4`).
 pub const ELEMS: u16 = 32;
@@ -175,6 +174,15 @@ impl Program {
         let mut out = Self::default();
         for (j, job) in config.jobs.iter().enumerate() {
             let at = |f: &str| format!("jobs[{j}].{f}");
+            if job.mode.is_group() {
+                return Err(err(
+                    at("mode"),
+                    format!(
+                        "{} groups are not in the P4 program (only aggregation jobs)",
+                        job.mode.name()
+                    ),
+                ));
+            }
             if job.elems_per_packet > ELEMS {
                 return Err(err(
                     at("elems_per_packet"),
@@ -211,9 +219,9 @@ impl Program {
                 params: vec![
                     ("counters", int(index.into())),
                     ("fan_in", int(fan_in as u64)),
-                    ("op", int(Op::from(job.op) as u64)),
-                    ("dtype", int(xina_proto::DType::from(job.dtype) as u64)),
-                    ("mode", int(Mode::from(job.mode).wire().into())),
+                    ("op", int(job.op as u64)),
+                    ("dtype", int(job.dtype as u64)),
+                    ("mode", int(job.mode.wire().into())),
                     ("elems", int(job.elems_per_packet.into())),
                     ("slot_base", int(job.slot_base.into())),
                     ("slot_count", int(job.slot_count.into())),
@@ -495,6 +503,20 @@ interface = "sp0"
         assert!(
             e.starts_with("jobs[0].slot_count: slots 1023..1025 do not fit"),
             "{e}"
+        );
+        let group = CONFIG
+            .replace(
+                "mode = \"reduce\"\nelems_per_packet = 4",
+                "mode = \"multicast\"",
+            )
+            .replace("slot_count = 2", "window = 1")
+            .replace("port = 5000", "port = 5000\nsender = true");
+        let e = Program::build(&Config::parse(&group).unwrap(), &macs())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "jobs[0].mode: multicast groups are not in the P4 program (only aggregation jobs)"
         );
     }
 }

@@ -89,6 +89,64 @@ fn check_rejects_a_bad_file_with_one_line_naming_the_field() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("reading /nonexistent/xina.toml"));
 }
 
+/// `xina check` lists groups with their mode, bytes per packet and window,
+/// and names a group's bad key in one line.
+#[test]
+fn check_shows_groups_and_names_their_bad_keys() {
+    let member = |rank: u8, port: u16, extra: &str| {
+        format!(
+            "\n[[jobs.members]]\nrank = {rank}\nip = \"10.0.0.{}\"\nport = {port}\n\
+             mac = \"02:00:00:00:00:0{}\"\ninterface = \"sp{rank}\"\n{extra}\n",
+            rank + 1,
+            rank + 1
+        )
+    };
+    let text = format!(
+        "[switch]\nports = [\"sp0\", \"sp1\"]\nslot_pool = 64\n\n\
+         [[jobs]]\nid = 2\nmode = \"multicast\"\nbytes_per_packet = 512\nwindow = 8\nslot_base = 16\n{}{}\n\
+         [[jobs]]\nid = 3\nmode = \"anycast\"\n{}{}",
+        member(0, 6000, "sender = true"),
+        member(1, 6000, ""),
+        member(0, 7000, "sender = true"),
+        member(1, 7000, "down = true"),
+    );
+    let file = write_config(&text);
+    let out = Command::new(XINA)
+        .args(["check", "-c"])
+        .arg(&file.0)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(
+            "job 2: multicast group, 2 ranks, 512 bytes per packet, window 8, slots 16..32"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("job 3: anycast group, 2 ranks, 1440 bytes per packet, no slots"),
+        "{stdout}"
+    );
+    let bad = write_config(&text.replacen("window = 8", "window = 8\nop = \"max\"", 1));
+    let out = Command::new(XINA)
+        .args(["check", "-c"])
+        .arg(&bad.0)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(
+        stderr.contains("jobs[0].op: not for groups (a group forwards bytes, it combines nothing)"),
+        "{stderr}"
+    );
+}
+
 /// `xina run` attaches to every configured port, runs until SIGTERM, prints
 /// its counters and detaches from everything.
 #[test]

@@ -204,7 +204,7 @@ fn bad_job_files_are_rejected_and_change_nothing() {
         ),
         (
             good.replacen("elems_per_packet = 64\n", "", 1),
-            "missing field `elems_per_packet`",
+            "elems_per_packet: missing (a job needs elements per packet)",
         ),
         (
             good.replacen(&ip1, "ip = \"10.77.0\"", 1),
@@ -213,6 +213,46 @@ fn bad_job_files_are_rejected_and_change_nothing() {
         (
             "id = 2\nelems_per_packet = 64\nslot_count = 4\nmembers = []\n".to_owned(),
             "members: 0 members (must be 1..=64",
+        ),
+        (
+            group_file(
+                &star,
+                2,
+                "mode = \"multicast\"\nbytes_per_packet = 1000\nwindow = 2",
+                ["sender = true", "", ""],
+            ),
+            "bytes_per_packet: 1000 bytes make 1060-byte IP packets, more than the 1000-byte MTU of",
+        ),
+        (
+            group_file(
+                &star,
+                2,
+                "mode = \"anycast\"\nwindow = 2",
+                ["sender = true", "", ""],
+            ),
+            "window: only for multicast groups (an anycast group takes no slots)",
+        ),
+        (
+            group_file(
+                &star,
+                2,
+                "mode = \"anycast\"\nslot_base = 8",
+                ["sender = true", "", ""],
+            ),
+            "slot_base: not for anycast groups (they take no slots)",
+        ),
+        (
+            group_file(&star, 2, "mode = \"multicast\"\nwindow = 2", ["", "", ""]),
+            "members: no sender (a multicast group needs a member with sender = true)",
+        ),
+        (
+            group_file(
+                &star,
+                2,
+                "mode = \"multicast\"\nwindow = 2\nslot_base = 10",
+                ["sender = true", "", ""],
+            ),
+            "slot_base: slots 10..16 overlap job 1's slots 0..16",
         ),
     ];
     assert!(cases.len() >= 20);
@@ -446,4 +486,401 @@ fn random_adds_and_removes_on_pinned_maps_never_overlap_or_leak() {
     drop(sw);
     control::down(&pins.0).unwrap();
     star.teardown().unwrap();
+}
+
+/// A job file removed on drop, also when a test fails.
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn new(name: &str, text: &str) -> Self {
+        let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("xina-control-{name}-{}.toml", unique_token()));
+        std::fs::write(&path, text).unwrap();
+        Self(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A group's job file over workers 0..3: `head` gives the mode-dependent
+/// keys, `flags[rank]` the member's extra lines (`sender = true`, ...).
+fn group_file(star: &Star, id: u32, head: &str, flags: [&str; 3]) -> String {
+    let mut t = format!("id = {id}\n{head}\n");
+    for (r, extra) in flags.iter().enumerate() {
+        let w = star.worker(r);
+        let _ = write!(
+            t,
+            "\n[[members]]\nrank = {r}\nip = \"{}\"\nport = 6000\nmac = \"{}\"\ninterface = \"{}\"\n{extra}\n",
+            w.ip,
+            w.mac,
+            star.port(r).name
+        );
+    }
+    t
+}
+
+/// Runs `xina -n SWITCH-NS -s NAME ARGS`: (success, stdout, stderr).
+fn xina(star: &Star, pins: &Pins, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_xina"))
+        .args(["-n", star.switch().name(), "-s", pins.0.name()])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// Flags of member `rank` of `job` in `MEMBERS`, and in `PORT_MEMBERS`
+/// under the member's port, which must agree.
+fn member_flags(dump: &xina::dataplane::Dump, job: u32, rank: u32) -> u8 {
+    let m = dump
+        .members
+        .iter()
+        .find(|(k, _)| *k == (job, rank))
+        .unwrap_or_else(|| panic!("no MEMBERS entry for job {job} rank {rank}"))
+        .1;
+    let by_port = dump
+        .port_members
+        .iter()
+        .find(|(k, _)| *k == (job, m.ifindex))
+        .unwrap_or_else(|| panic!("no PORT_MEMBERS entry for job {job} rank {rank}"))
+        .1;
+    assert_eq!(by_port, m, "job {job} rank {rank}: PORT_MEMBERS differs");
+    m.flags
+}
+
+fn job_entry(dump: &xina::dataplane::Dump, job: u32) -> xina_proto::maps::Job {
+    dump.jobs
+        .iter()
+        .find(|(id, _)| *id == job)
+        .unwrap_or_else(|| panic!("no JOBS entry for job {job}"))
+        .1
+}
+
+/// A switch over workers 0..3 (pool 64) with job 1 on slots 0..16, and
+/// the `xina` command run against it.
+struct GroupSwitch {
+    // Dropped in this order: the handle, the pins, the namespaces.
+    dp: Dataplane,
+    pins: Pins,
+    star: Star,
+    files: Vec<TempFile>,
+}
+
+impl GroupSwitch {
+    fn new() -> Self {
+        let star = Star::build(3).unwrap();
+        let pins = Pins::new();
+        let config = Config::parse(&switch_file(&star, &[0, 1, 2])).unwrap();
+        let dp = star
+            .switch()
+            .run(|| control::up(&config, &pins.0, None))
+            .unwrap()
+            .unwrap();
+        let mut sw = Self {
+            dp,
+            pins,
+            star,
+            files: Vec::new(),
+        };
+        let job = sw.file("job", &job_file(&sw.star, 1, 16));
+        sw.ok(&["job", "add", &job]);
+        sw
+    }
+
+    /// A job file with this text; its path.
+    fn file(&mut self, name: &str, text: &str) -> String {
+        let f = TempFile::new(name, text);
+        let path = f.path().to_owned();
+        self.files.push(f);
+        path
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let (ok, out, err) = xina(&self.star, &self.pins, args);
+        assert!(ok, "xina {args:?}: {err}");
+        out
+    }
+
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        serde_json::from_str(&self.ok(args)).unwrap()
+    }
+
+    /// Runs each `xina ARGS` that must fail with `want` in its message and
+    /// leave the maps as they were.
+    fn refused(&self, refusals: &[(&[&str], &str)]) {
+        for (args, want) in refusals {
+            let before = self.dp.dump().unwrap();
+            let (ok, _, err) = xina(&self.star, &self.pins, args);
+            assert!(!ok, "xina {args:?} succeeded");
+            assert!(err.contains(want), "xina {args:?}: {err:?}, want {want:?}");
+            assert_eq!(
+                self.dp.dump().unwrap(),
+                before,
+                "xina {args:?} changed the maps"
+            );
+        }
+    }
+
+    /// After `job rm ID` (printing `said`), only job 1 is left in the maps.
+    fn remove(&self, id: &str, said: &str) {
+        assert_eq!(self.ok(&["job", "rm", id]).trim(), said);
+        let dump = self.dp.dump().unwrap();
+        assert_eq!(dump.jobs.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [1]);
+        assert!(dump.members.iter().all(|((job, _), _)| *job == 1));
+        assert!(dump.port_members.iter().all(|((job, _), _)| *job == 1));
+    }
+
+    fn finish(self) {
+        let Self {
+            dp,
+            pins,
+            star,
+            files,
+        } = self;
+        drop((dp, files));
+        control::down(&pins.0).unwrap();
+        star.teardown().unwrap();
+    }
+}
+
+/// A multicast group through the `xina` command on a pinned switch:
+/// installed from a job file next to a job (the entries the dataplane
+/// reads: mode, type, bytes per packet, window x members slots after the
+/// job's, member flags, every member a receiver), listed and shown with
+/// its shape, refused `job down`, and its slots freed by `job rm`.
+#[test]
+fn a_multicast_group_is_installed_shown_and_removed() {
+    use xina_proto::maps::{member_flags::SENDER, mode};
+
+    let mut sw = GroupSwitch::new();
+    let mcast = sw.file(
+        "mcast",
+        &group_file(
+            &sw.star,
+            2,
+            "mode = \"multicast\"\nbytes_per_packet = 1000\nwindow = 4",
+            ["sender = true", "", "sender = true"],
+        ),
+    );
+    let m = sw.json(&["job", "add", &mcast, "--json"]);
+    assert_eq!(m["mode"], "multicast");
+    assert_eq!(m["dtype"], "bytes");
+    assert_eq!(m["bytes_per_packet"], 1000);
+    assert_eq!(m["elems_per_packet"], 1000);
+    assert_eq!(m["window"], 4);
+    assert_eq!(
+        (m["slot_base"].as_u64(), m["slot_count"].as_u64()),
+        (Some(16), Some(12)),
+        "window 4 x 3 members, after job 1's 16 slots"
+    );
+    let senders: Vec<bool> = (0..3)
+        .map(|r| m["members"][r]["sender"].as_bool().unwrap())
+        .collect();
+    assert_eq!(senders, [true, false, true]);
+
+    let dump = sw.dp.dump().unwrap();
+    let j = job_entry(&dump, 2);
+    assert_eq!(
+        (j.mode, j.dtype, j.op, j.elems, j.fan_in),
+        (mode::MULTICAST, xina_proto::DType::Bytes as u8, 0, 1000, 3)
+    );
+    assert_eq!((j.slot_base, j.slot_count, j.all_ranks), (16, 12, 0b111));
+    let flags: Vec<u8> = (0..3).map(|r| member_flags(&dump, 2, r)).collect();
+    assert_eq!(flags, [SENDER, 0, SENDER]);
+    let job = job_entry(&dump, 1);
+    assert!(!xina::config::overlap(
+        (job.slot_base, job.slot_count),
+        (j.slot_base, j.slot_count)
+    ));
+
+    // Listed with its shape; a job's group fields are null.
+    let ls = sw.json(&["job", "ls", "--json"]);
+    let ids: Vec<u64> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, [1, 2]);
+    assert!(ls[0]["bytes_per_packet"].is_null() && ls[0]["window"].is_null());
+    assert_eq!(ls[0]["members"][0]["sender"], false);
+    let table = sw.ok(&["job", "ls"]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains("multicast") && l.contains("1000") && l.contains("16..28")),
+        "{table}"
+    );
+    let show = sw.ok(&["job", "show", "2"]);
+    assert!(
+        show.contains(
+            "job 2: multicast group, 3 ranks, 1000 bytes per packet, window 4, slots 16..28"
+        ),
+        "{show}"
+    );
+    assert!(
+        show.lines()
+            .filter(|l| l.trim_end().ends_with("sender"))
+            .count()
+            == 2,
+        "{show}"
+    );
+
+    sw.refused(&[
+        (
+            &["job", "down", "2", "1"],
+            "xina: job 2: rank 1: only members of anycast groups go down or up (mode multicast)",
+        ),
+        (
+            &["job", "up", "1", "0"],
+            "xina: job 1: rank 0: only members of anycast groups go down or up (mode allreduce)",
+        ),
+        (&["job", "up", "9", "0"], "xina: job 9 is not installed"),
+    ]);
+    // A group too large for the free slots names its window.
+    let big = sw.file(
+        "big",
+        &group_file(
+            &sw.star,
+            4,
+            "mode = \"multicast\"\nwindow = 13",
+            ["sender = true", "", ""],
+        ),
+    );
+    sw.refused(&[(
+        &["job", "add", &big],
+        "window: 39 slots wanted, but the pool is exhausted: its largest free range is 36 of 64 slots",
+    )]);
+
+    // Removing the group frees its slots and entries.
+    sw.remove("2", "job 2 removed: slots 16..28 are free");
+    let mut opened = control::open(&sw.pins.0).unwrap();
+    let rest = add(&sw.star, &mut opened.dp, &job_file(&sw.star, 5, 48)).unwrap();
+    assert_eq!(
+        (rest.slot_base, rest.slot_count),
+        (16, 48),
+        "the group's slots were returned"
+    );
+    drop(opened);
+    sw.finish();
+}
+
+/// An anycast group through the `xina` command on a pinned switch:
+/// installed from a job file with a member down (no slots; the receivers
+/// are the members that are up), then members taken down and up, with
+/// the receivers and the flags of `MEMBERS` and `PORT_MEMBERS` checked
+/// after each step; an unknown rank is refused without changing anything.
+///
+/// Installing an anycast group (no slots, receivers without the members
+/// down) is `Dataplane::install_job`'s part of groups.
+#[test]
+fn anycast_members_go_down_and_up() {
+    use xina_proto::maps::{member_flags::DOWN, member_flags::SENDER, mode};
+
+    let mut sw = GroupSwitch::new();
+    let anycast = sw.file(
+        "anycast",
+        &group_file(
+            &sw.star,
+            3,
+            "mode = \"anycast\"",
+            ["sender = true", "down = true", ""],
+        ),
+    );
+    let a = sw.json(&["job", "add", &anycast, "--json"]);
+    assert_eq!(a["mode"], "anycast");
+    assert_eq!(a["bytes_per_packet"], 1440, "the default");
+    assert_eq!(a["slot_count"], 0);
+    assert!(a["window"].is_null());
+    assert_eq!(a["members"][1]["down"], true);
+    let dump = sw.dp.dump().unwrap();
+    let j = job_entry(&dump, 3);
+    assert_eq!(
+        (j.mode, j.dtype, j.elems, j.slot_count, j.all_ranks),
+        (
+            mode::ANYCAST,
+            xina_proto::DType::Bytes as u8,
+            1440,
+            0,
+            0b101
+        ),
+        "rank 1 is down: not a receiver"
+    );
+    let flags: Vec<u8> = (0..3).map(|r| member_flags(&dump, 3, r)).collect();
+    assert_eq!(flags, [SENDER, DOWN, 0]);
+    let show = sw.ok(&["job", "show", "3"]);
+    assert!(
+        show.contains("job 3: anycast group, 3 ranks, 1440 bytes per packet, no slots"),
+        "{show}"
+    );
+    assert!(
+        show.lines().any(|l| l.trim_end().ends_with(" down")),
+        "{show}"
+    );
+
+    // Down and up: the receivers and the flags after each step.
+    let steps: [(&str, &str, &str, u64, [u8; 3]); 5] = [
+        ("up", "1", "job 3 rank 1 is up", 0b111, [SENDER, 0, 0]),
+        (
+            "down",
+            "2",
+            "job 3 rank 2 is down",
+            0b011,
+            [SENDER, 0, DOWN],
+        ),
+        (
+            "down",
+            "2",
+            "job 3 rank 2 was already down",
+            0b011,
+            [SENDER, 0, DOWN],
+        ),
+        (
+            "down",
+            "0",
+            "job 3 rank 0 is down",
+            0b010,
+            [SENDER | DOWN, 0, DOWN],
+        ),
+        ("up", "0", "job 3 rank 0 is up", 0b011, [SENDER, 0, DOWN]),
+    ];
+    for (verb, rank, said, receivers, want) in steps {
+        let out = sw.ok(&["job", verb, "3", rank]);
+        assert_eq!(out.trim(), said);
+        let dump = sw.dp.dump().unwrap();
+        assert_eq!(
+            job_entry(&dump, 3).all_ranks,
+            receivers,
+            "after job {verb} 3 {rank}"
+        );
+        let flags: Vec<u8> = (0..3).map(|r| member_flags(&dump, 3, r)).collect();
+        assert_eq!(flags, want, "after job {verb} 3 {rank}");
+    }
+    let shown = sw.json(&["job", "show", "3", "--json"]);
+    let down: Vec<bool> = (0..3)
+        .map(|r| shown["members"][r]["down"].as_bool().unwrap())
+        .collect();
+    assert_eq!(down, [false, false, true], "read back from the maps");
+
+    sw.refused(&[
+        (
+            &["job", "down", "3", "3"],
+            "xina: job 3: rank 3 is not a member (ranks 0..3)",
+        ),
+        (&["job", "down", "3", "300"], "invalid value '300'"),
+    ]);
+    sw.remove("3", "job 3 removed (it had no slots)");
+    sw.finish();
 }

@@ -19,14 +19,30 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         config.jobs.len()
     );
     for job in &config.jobs {
-        println!(
-            "  job {}: {} ranks, {} elements per packet, slots {}..{}",
-            job.id,
-            job.members.len(),
-            job.elems_per_packet,
+        let slots = format!(
+            "slots {}..{}",
             job.slot_base,
             job.slot_base + job.slot_count
         );
+        let n = job.members.len();
+        match (job.mode.is_group(), job.window()) {
+            (false, _) => println!(
+                "  job {}: {n} ranks, {} elements per packet, {slots}",
+                job.id, job.elems_per_packet
+            ),
+            (true, Some(w)) => println!(
+                "  job {}: {} group, {n} ranks, {} bytes per packet, window {w}, {slots}",
+                job.id,
+                job.mode.name(),
+                job.elems_per_packet
+            ),
+            (true, None) => println!(
+                "  job {}: {} group, {n} ranks, {} bytes per packet, no slots",
+                job.id,
+                job.mode.name(),
+                job.elems_per_packet
+            ),
+        }
     }
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! `xina job add|rm|ls|show`: jobs on a running switch.
+//! `xina job add|rm|ls|show|down|up`: jobs and groups on a running switch.
 
 use std::path::PathBuf;
 
@@ -41,6 +41,21 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Mark a member of an anycast group down: it receives nothing new
+    /// until `job up`.
+    Down {
+        /// The group's id.
+        id: u32,
+        /// The member's rank.
+        rank: u8,
+    },
+    /// Mark a member of an anycast group up again: it receives again.
+    Up {
+        /// The group's id.
+        id: u32,
+        /// The member's rank.
+        rank: u8,
+    },
 }
 
 pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
@@ -59,12 +74,24 @@ pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
                     serde_json::to_string_pretty(&JobView::new(&sw.dp, &spec))?
                 );
             } else {
+                let kind = if spec.mode.is_group() {
+                    format!("{} group, ", spec.mode.name())
+                } else {
+                    String::new()
+                };
+                let slots = if spec.slot_count == 0 {
+                    "no slots".to_owned()
+                } else {
+                    format!(
+                        "slots {}..{}",
+                        spec.slot_base,
+                        spec.slot_base + spec.slot_count
+                    )
+                };
                 println!(
-                    "job {} installed: {} ranks, slots {}..{}",
+                    "job {} installed: {kind}{} ranks, {slots}",
                     spec.id,
                     spec.members.len(),
-                    spec.slot_base,
-                    spec.slot_base + spec.slot_count
                 );
             }
         }
@@ -75,11 +102,15 @@ pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
                 .map(|j| (j.slot_base, j.slot_count))
                 .with_context(|| format!("job {id} is not installed"))?;
             sw.dp.remove_job(*id)?;
-            println!(
-                "job {id} removed: slots {}..{} are free",
-                job.0,
-                job.0 + job.1
-            );
+            if job.1 == 0 {
+                println!("job {id} removed (it had no slots)");
+            } else {
+                println!(
+                    "job {id} removed: slots {}..{} are free",
+                    job.0,
+                    job.0 + job.1
+                );
+            }
         }
         Command::Ls { json } => {
             let views: Vec<JobView> = sw.dp.jobs().map(|j| JobView::new(&sw.dp, j)).collect();
@@ -87,19 +118,26 @@ pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&views)?);
             } else {
                 println!(
-                    "{:>6}  {:<4}{:<5}{:<16}{:>6}{:>7}{:>14}",
-                    "id", "op", "type", "mode", "ranks", "elems", "slots"
+                    "{:>6}  {:<4}{:<6}{:<16}{:>6}{:>7}{:>8}{:>14}{:>6}",
+                    "id", "op", "type", "mode", "ranks", "elems", "window", "slots", "down"
                 );
                 for v in views {
+                    let down = v.members.iter().filter(|m| m.down).count();
                     println!(
-                        "{:>6}  {:<4}{:<5}{:<16}{:>6}{:>7}{:>14}",
+                        "{:>6}  {:<4}{:<6}{:<16}{:>6}{:>7}{:>8}{:>14}{:>6}",
                         v.id,
-                        v.op,
+                        if v.bytes_per_packet.is_some() {
+                            "-"
+                        } else {
+                            v.op
+                        },
                         v.dtype,
                         v.mode,
                         v.fan_in,
                         v.elems_per_packet,
-                        format!("{}..{}", v.slot_base, v.slot_base + v.slot_count)
+                        v.window.map_or_else(|| "-".to_owned(), |w| w.to_string()),
+                        format!("{}..{}", v.slot_base, v.slot_base + v.slot_count),
+                        down
                     );
                 }
             }
@@ -113,27 +151,54 @@ pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
             if *json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
+                let slots = format!("slots {}..{}", v.slot_base, v.slot_base + v.slot_count);
+                match (v.bytes_per_packet, v.window) {
+                    (None, _) => println!(
+                        "job {}: {} {} {}, {} ranks, {} elements per packet, {slots}",
+                        v.id, v.op, v.dtype, v.mode, v.fan_in, v.elems_per_packet
+                    ),
+                    (Some(bytes), Some(w)) => println!(
+                        "job {}: {} group, {} ranks, {bytes} bytes per packet, window {w}, {slots}",
+                        v.id, v.mode, v.fan_in
+                    ),
+                    (Some(bytes), None) => println!(
+                        "job {}: {} group, {} ranks, {bytes} bytes per packet, no slots",
+                        v.id, v.mode, v.fan_in
+                    ),
+                }
                 println!(
-                    "job {}: {} {} {}, {} ranks, {} elements per packet, slots {}..{}",
-                    v.id,
-                    v.op,
-                    v.dtype,
-                    v.mode,
-                    v.fan_in,
-                    v.elems_per_packet,
-                    v.slot_base,
-                    v.slot_base + v.slot_count
-                );
-                println!(
-                    "{:>5}  {:<16}{:>6}  {:<18}interface",
-                    "rank", "ip", "port", "mac"
+                    "{:>5}  {:<16}{:>6}  {:<18}{:<16}flags",
+                    "rank", "ip", "port", "mac", "interface"
                 );
                 for m in &v.members {
+                    let flags: Vec<&str> = [(m.sender, "sender"), (m.down, "down")]
+                        .into_iter()
+                        .filter_map(|(on, name)| on.then_some(name))
+                        .collect();
                     println!(
-                        "{:>5}  {:<16}{:>6}  {:<18}{}",
-                        m.rank, m.ip, m.port, m.mac, m.interface
+                        "{:>5}  {:<16}{:>6}  {:<18}{:<16}{}",
+                        m.rank,
+                        m.ip,
+                        m.port,
+                        m.mac,
+                        m.interface,
+                        if flags.is_empty() {
+                            "-".to_owned()
+                        } else {
+                            flags.join(",")
+                        }
                     );
                 }
+            }
+        }
+        Command::Down { id, rank } | Command::Up { id, rank } => {
+            let down = matches!(cmd, Command::Down { .. });
+            let changed = control::set_member_down(&mut sw.dp, *id, *rank, down)?;
+            let state = if down { "down" } else { "up" };
+            if changed {
+                println!("job {id} rank {rank} is {state}");
+            } else {
+                println!("job {id} rank {rank} was already {state}");
             }
         }
     }

@@ -43,7 +43,7 @@ use std::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 use xina_proto::{
-    DType, Flags, Kind, Op, Repr, XINA_UDP_PORT, checksum,
+    DType, Flags, Kind, Repr, XINA_UDP_PORT, checksum,
     counters::Counter,
     header::{HEADER_LEN, field},
     net::{
@@ -444,7 +444,7 @@ impl Ctx<'_> {
                 .ok_or("the configuration has no job")?,
         };
         let member = Self::member(job, send.rank).or_else(|_| Self::member(job, 0))?;
-        let dtype = DType::from(job.dtype);
+        let dtype = job.dtype;
         let slots = job.slot_count;
         let repr = Repr {
             kind: Kind::AggData,
@@ -452,7 +452,7 @@ impl Ctx<'_> {
             job: send.job,
             rank: send.rank,
             fan_in: u8::try_from(job.members.len()).expect("at most 64"),
-            op: Op::from(job.op),
+            op: job.op,
             dtype,
             seq: send.seq,
             slot: send.slot.unwrap_or(send.seq % slots),
