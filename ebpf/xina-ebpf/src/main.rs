@@ -25,9 +25,15 @@
 //! port carries at most one member per job.
 #![no_std]
 #![no_main]
+// `core::intrinsics::atomic_xadd`: the per-member packet counters are
+// shared by every CPU and need an atomic add; the eBPF build is pinned to a
+// nightly toolchain.
+#![feature(core_intrinsics)]
+#![expect(internal_features, reason = "core_intrinsics, for atomic_xadd")]
 
 mod egress;
 mod error;
+mod group;
 mod lossy;
 mod maps;
 mod packet;
@@ -49,6 +55,18 @@ pub fn xina_switch(ctx: XdpContext) -> u32 {
     let mut tally = Tally::ifindex(ctx.ingress_ifindex() as u32);
     tally.count(Counter::RxPackets);
     switch::try_switch(&ctx, &mut tally)
+        .unwrap_or_else(Verdict::from)
+        .finish(&tally)
+}
+
+/// The multicast and anycast paths, tail-called by `xina_switch` for
+/// packets of kind `McastData` and `McastAck` (see [`group`]).
+#[xdp]
+pub fn xina_group(ctx: XdpContext) -> u32 {
+    // `xina_switch` counted the frame as received, switch-wide and on its
+    // port; this program counts its outcome.
+    let mut tally = Tally::ifindex(ctx.ingress_ifindex() as u32);
+    group::try_group(&ctx, &mut tally)
         .unwrap_or_else(Verdict::from)
         .finish(&tally)
 }
