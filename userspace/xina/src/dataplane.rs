@@ -285,7 +285,7 @@ fn check_group(job: &JobSpec) -> Result<(), String> {
             ));
         }
         let fan_in = u32::try_from(fan_in).expect("checked: at most 64 members");
-        if job.slot_count == 0 || job.slot_count % fan_in != 0 {
+        if job.slot_count == 0 || !job.slot_count.is_multiple_of(fan_in) {
             return Err(format!(
                 "{} slots: a multicast group needs a non-zero multiple of its {fan_in} \
                  members (one window per member)",

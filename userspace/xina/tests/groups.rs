@@ -1197,7 +1197,7 @@ fn groups_and_jobs_are_validated_and_all_ranks_set() {
             &|_| {},
         );
         bad("allreduce of bytes", MULTICAST, &|j| {
-            j.mode = Mode::Allreduce
+            j.mode = Mode::Allreduce;
         });
         bad("reduce with a sender", MULTICAST, &|j| {
             j.mode = Mode::Reduce;
