@@ -1,8 +1,9 @@
 //! [`Dataplane`]: the loaded XDP programs and their maps, behind domain verbs.
 //!
 //! Nothing outside this module names a map or a program; everything goes
-//! through `Dataplane::attach`, `install_job`, `remove_job`, `counters`,
-//! `slot`, and the `test_run_*` methods that push one frame through a
+//! through `Dataplane::attach`, `install_job` (aggregation jobs, and
+//! multicast and anycast groups), `remove_job`, `counters`,
+//! `member_packets`, `slot`, and the `test_run_*` methods that push one frame through a
 //! program with `BPF_PROG_TEST_RUN` (no interface needed).
 //!
 //! A dataplane is either private to its process ([`Dataplane::load`]: ports
@@ -1055,8 +1056,17 @@ impl Dataplane {
         self.counter_block(names::PORT_COUNTERS, index)
     }
 
-    /// Installs a job: its slots are cleared, its members and then the job
+    /// Installs a job or a group: its slots are cleared, its counters and
+    /// per-member packet counters zeroed, its members and then the job
     /// entry written. On any error nothing of the job remains.
+    ///
+    /// A multicast or anycast group ([`Mode::is_group`]) has dtype `Bytes`,
+    /// op `Sum`, 1..=1440 payload bytes per packet and at least one member
+    /// with `sender`; a multicast group at least 2 members and a non-zero
+    /// multiple of its member count as slots (one window per member); an
+    /// anycast group may have no slots, and members marked `down` (only
+    /// anycast members may be). An aggregation job has neither `Bytes` nor
+    /// `sender` or `down` members. `Job::all_ranks` is [`JobSpec::all_ranks`].
     ///
     /// # Errors
     /// Job already installed, invalid shape, slot range outside the pool or
