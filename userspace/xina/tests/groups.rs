@@ -1319,3 +1319,83 @@ fn egress_leaves_alone_what_is_not_a_copy_of_the_group() {
     );
     assert_eq!(dp.member_packets(job.id).unwrap(), [0, 0, 0, 0]);
 }
+
+/// A pin directory of this test's own, removed when dropped (also when the
+/// test fails).
+struct Pins(xina::pin::PinDir);
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        if self.0.exists() {
+            let _ = xina::pin::remove(&self.0);
+        }
+    }
+}
+
+#[test]
+fn member_packets_are_pinned_and_survive_open_and_upgrade() {
+    use xina::pin;
+    pin::ensure_bpffs(std::path::Path::new(pin::DEFAULT_ROOT)).expect("bpffs");
+    let name = format!("t-grp-{}", xina_testbed::netns::unique_token());
+    let pins = Pins(pin::PinDir::new(pin::DEFAULT_ROOT, &name).unwrap());
+    let mut dp = Dataplane::load_pinned(
+        LoadOptions {
+            slot_pool: 16,
+            debug: false,
+        },
+        &pins.0,
+    )
+    .expect("load pinned");
+    assert!(pins.0.map("MEMBER_PACKETS").exists(), "the map is pinned");
+    let job = JobSpec {
+        id: 1,
+        op: Op::Sum,
+        dtype: DType::Bytes,
+        mode: Mode::Multicast,
+        elems_per_packet: 100,
+        slot_base: 0,
+        slot_count: 4,
+        members: (0..2)
+            .map(|r| MemberSpec {
+                sender: r == 0,
+                ..member(r)
+            })
+            .collect(),
+    };
+    dp.install_job(&job).unwrap();
+    let bytes = payload(0, 10);
+    let f = first_transmission(&mut dp, &job, 0, 0, 0, &bytes);
+    for _ in 0..3 {
+        egress(&mut dp, &job, &f, job.members[1].ifindex).expect(
+            XDP_PASS,
+            &[Counter::McastCopies],
+            true,
+            "copy to rank 1",
+        );
+    }
+    assert_eq!(dp.member_packets(job.id).unwrap(), [0, 3]);
+    // Another process's view: the same map through its pin.
+    let opened = Dataplane::open(&pins.0).expect("open");
+    assert_eq!(
+        opened.job(job.id),
+        Some(&job),
+        "the group, senders included"
+    );
+    assert_eq!(opened.member_packets(job.id).unwrap(), [0, 3]);
+    drop(opened);
+    // New programs, the same maps: the counts stay.
+    Dataplane::upgrade(&pins.0, false).expect("upgrade");
+    let opened = Dataplane::open(&pins.0).expect("open after upgrade");
+    assert_eq!(opened.member_packets(job.id).unwrap(), [0, 3]);
+    // The old programs still count into the shared map.
+    egress(&mut dp, &job, &f, job.members[1].ifindex).expect(
+        XDP_PASS,
+        &[Counter::McastCopies],
+        true,
+        "copy to rank 1 after the upgrade",
+    );
+    assert_eq!(opened.member_packets(job.id).unwrap(), [0, 4]);
+    drop(opened);
+    dp.destroy().expect("remove the pins");
+    assert!(!pins.0.exists());
+}
