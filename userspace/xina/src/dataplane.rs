@@ -1141,7 +1141,10 @@ impl Dataplane {
             )));
         }
         // An empty range (an anycast group's) overlaps nothing.
-        let others = (self.jobs.values()).filter(|o| job.slot_count != 0 && o.slot_count != 0);
+        let others = self
+            .jobs
+            .values()
+            .filter(|o| job.slot_count != 0 && o.slot_count != 0);
         for other in others {
             let other_end = other.slot_base + other.slot_count;
             if u64::from(job.slot_base) < u64::from(other_end) && u64::from(other.slot_base) < end {
