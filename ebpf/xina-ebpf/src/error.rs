@@ -21,6 +21,10 @@ pub enum Error {
     Redirect,
     EgressNotMember,
     Internal,
+    /// Group data from a member without the `SENDER` flag.
+    NotSender,
+    /// Anycast data for a group whose members are all down.
+    NoMemberUp,
 }
 
 /// The end of a packet's trip through a program: which counter records it
@@ -65,6 +69,8 @@ impl From<Error> for Verdict {
             Error::Redirect => Counter::DropRedirect,
             Error::EgressNotMember => Counter::EgressNotMember,
             Error::Internal => Counter::DropInternal,
+            Error::NotSender => Counter::DropNotSender,
+            Error::NoMemberUp => Counter::DropNoMemberUp,
         };
         Self::new(counter, XDP_DROP)
     }

@@ -3,7 +3,14 @@
 //! - [`xina_switch`]: the ingress XDP program on every switch port. It parses
 //!   Ethernet / IPv4 / UDP / xina, lets everything that is not xina through
 //!   unchanged, admits contributions (job, member, shape, slot range) and
-//!   tail-calls the aggregation program of the job's element type and op.
+//!   tail-calls the aggregation program of the job's element type and op;
+//!   multicast and anycast packets it tail-calls [`xina_group`] with.
+//! - [`xina_group`]: multicast and anycast groups (see [`group`]): admits
+//!   the packet (group, member, sender, shape, lengths, window), runs the
+//!   acknowledgement step on the chunk's slot copy, and replicates data to
+//!   every port, answers from the slot, reports missing receivers, delivers
+//!   the aggregated acknowledgement, or sends anycast data to the member its
+//!   flow hashes to.
 //! - `xina_agg_{i32,i64}_{sum,max,min}_{64,128,256,360}`: combine the contribution into its
 //!   slot; the packet that completes a chunk becomes the result and is
 //!   broadcast to every port through the `PORTS` devmap. One program per type
@@ -11,7 +18,11 @@
 //!   to 360 iterations is walked by the verifier).
 //! - [`xina_egress`]: the devmap egress program, run once per port copy of a
 //!   broadcast result. It keeps the copy only if the job has a member behind
-//!   that port, and addresses it to that member.
+//!   that port, and addresses it to that member. For groups it keeps a data
+//!   copy for the receivers in its bitmap (counting it in `MEMBER_PACKETS`),
+//!   turns the root's copy of a selective retransmission into the root's
+//!   missing-receiver report, and passes acknowledgements to the members
+//!   they are for.
 //! - [`xina_egress_test`]: the same egress logic as a plain XDP program, for
 //!   `BPF_PROG_TEST_RUN` (which cannot run devmap programs).
 //! - [`xina_drop`]: `XDP_DROP`, the cost baseline for benchmarks.
@@ -25,9 +36,15 @@
 //! port carries at most one member per job.
 #![no_std]
 #![no_main]
+// `core::intrinsics::atomic_xadd`: the per-member packet counters are
+// shared by every CPU and need an atomic add; the eBPF build is pinned to a
+// nightly toolchain.
+#![feature(core_intrinsics)]
+#![expect(internal_features, reason = "core_intrinsics, for atomic_xadd")]
 
 mod egress;
 mod error;
+mod group;
 mod lossy;
 mod maps;
 mod packet;
@@ -49,6 +66,18 @@ pub fn xina_switch(ctx: XdpContext) -> u32 {
     let mut tally = Tally::ifindex(ctx.ingress_ifindex() as u32);
     tally.count(Counter::RxPackets);
     switch::try_switch(&ctx, &mut tally)
+        .unwrap_or_else(Verdict::from)
+        .finish(&tally)
+}
+
+/// The multicast and anycast paths, tail-called by `xina_switch` for
+/// packets of kind `McastData` and `McastAck` (see [`group`]).
+#[xdp]
+pub fn xina_group(ctx: XdpContext) -> u32 {
+    // `xina_switch` counted the frame as received, switch-wide and on its
+    // port; this program counts its outcome.
+    let mut tally = Tally::ifindex(ctx.ingress_ifindex() as u32);
+    group::try_group(&ctx, &mut tally)
         .unwrap_or_else(Verdict::from)
         .finish(&tally)
 }

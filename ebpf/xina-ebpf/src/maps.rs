@@ -10,8 +10,8 @@ use xina_proto::{
     MAX_PAYLOAD,
     counters::Counter,
     maps::{
-        CounterBlock, DEFAULT_SLOT_POOL, Job, MAX_JOBS, MAX_MEMBERS, MAX_PORTS, Member, MemberKey,
-        NO_PORT_INDEX, PortKey, Slot,
+        CounterBlock, DEFAULT_SLOT_POOL, Job, MAX_JOBS, MAX_MEMBERS, MAX_PORTS,
+        MEMBER_PACKETS_PER_JOB, Member, MemberKey, NO_PORT_INDEX, PortKey, Slot, programs,
     },
 };
 
@@ -54,10 +54,19 @@ pub static PORT_COUNTERS: PerCpuArray<CounterBlock, { MAX_PORTS as usize }> = Pe
 #[btf_map]
 pub static PORT_INDEX: HashMap<u32, u32, { MAX_PORTS as usize }> = HashMap::new();
 
-/// The aggregation programs, by `4 × (3 × dtype + op) + size class` (see
-/// `xina_switch` and `xina_proto::maps::programs::AGGREGATE`).
+/// The programs `xina_switch` tail-calls: the aggregation programs, by
+/// `4 × (3 × dtype + op) + size class` (see `xina_switch` and
+/// `xina_proto::maps::programs::AGGREGATE`), then the group program at
+/// `programs::GROUP_INDEX`.
 #[btf_map]
-pub static AGGREGATE: ProgramArray<24> = ProgramArray::new();
+pub static AGGREGATE: ProgramArray<{ programs::TAIL_CALLS as usize }> = ProgramArray::new();
+
+/// Data copies delivered to each member of a group, at `Job::counters × 64 +
+/// rank`. Shared by every CPU (not per CPU, so userspace reads one number
+/// per member): the egress program adds with an atomic instruction.
+#[btf_map]
+pub static MEMBER_PACKETS: Array<u64, { (MAX_JOBS * MEMBER_PACKETS_PER_JOB) as usize }> =
+    Array::new();
 
 /// A contribution that passed admission, handed from `xina_switch` to the
 /// aggregation program it tail-calls (per CPU: nothing runs in between).

@@ -84,8 +84,11 @@ pub fn put<const N: usize>(ctx: &XdpContext, offset: usize, v: [u8; N]) -> Resul
 pub enum Direction {
     /// Towards the switch: the destination port is [`XINA_UDP_PORT`].
     ToSwitch,
-    /// From the switch (results): the source port is [`XINA_UDP_PORT`].
-    FromSwitch,
+    /// Leaving the switch (egress): either port is [`XINA_UDP_PORT`]. An
+    /// anycast copy keeps its sender's source port and still has the
+    /// switch's port as its destination until the egress program addresses
+    /// it; everything else the switch sends comes from its port.
+    Egress,
 }
 
 /// Finds the xina header: `Ok(())` when the frame is an xina datagram whose
@@ -110,11 +113,16 @@ pub fn parse(ctx: &XdpContext, direction: Direction) -> Result<(), Verdict> {
         return Err(Verdict::pass());
     }
     let ihl = usize::from(vihl & 0x0f) * 4;
-    let port_field = match direction {
-        Direction::ToSwitch => UDP_DPORT,
-        Direction::FromSwitch => UDP_SPORT,
+    let port = |field: usize| {
+        be16_at(ctx, IP + ihl + field)
+            .map(|p| p == XINA_UDP_PORT)
+            .map_err(|_| Verdict::pass())
     };
-    if be16_at(ctx, IP + ihl + port_field).map_err(|_| Verdict::pass())? != XINA_UDP_PORT {
+    let xina = match direction {
+        Direction::ToSwitch => port(UDP_DPORT)?,
+        Direction::Egress => port(UDP_SPORT)? || port(UDP_DPORT)?,
+    };
+    if !xina {
         return Err(Verdict::pass());
     }
     // From here on the datagram is addressed to xina.

@@ -11,7 +11,7 @@ use xina_proto::{
     DType, Flags, Kind, MAX_PAYLOAD, MAX_RANKS, XINA_UDP_PORT, checksum,
     counters::Counter,
     header::{SLOT_VERSION_BIT, field},
-    maps::{MemberKey, NO_PORT_INDEX, mode},
+    maps::{MemberKey, NO_PORT_INDEX, mode, programs},
     net::{
         ETH_DST, ETH_SRC, IPV4_CSUM, IPV4_DST, IPV4_SRC, IPV4_TOTAL_LEN, UDP_CSUM, UDP_DPORT,
         UDP_LEN, UDP_SPORT,
@@ -27,13 +27,25 @@ use crate::{
 
 pub fn try_switch(ctx: &XdpContext, tally: &mut Tally) -> Result<Verdict, Verdict> {
     packet::parse(ctx, packet::Direction::ToSwitch)?;
-    if packet::u8_at(ctx, XINA + field::KIND)? != Kind::AggData as u8 {
+    let kind = packet::u8_at(ctx, XINA + field::KIND)?;
+    if kind == Kind::McastData as u8 || kind == Kind::McastAck as u8 {
+        // SAFETY: a tail call with this program's own context; on success
+        // it does not return.
+        unsafe { AGGREGATE.tail_call(ctx, programs::GROUP_INDEX) };
+        // Only reached when the group program is missing from the array.
+        return Err(Error::Internal.into());
+    }
+    if kind != Kind::AggData as u8 {
         return Err(Error::UnsupportedKind.into());
     }
     let job_id = packet::be32_at(ctx, XINA + field::JOB.start)?;
     // SAFETY: the value is only read, and a job's entry is replaced by the
     // control plane as a whole, never while its traffic is expected.
     let job = *unsafe { JOBS.get(job_id) }.ok_or(Error::UnknownJob)?;
+    // A group's slots hold acknowledgements, not sums.
+    if mode::is_group(job.mode) {
+        return Err(Error::UnsupportedKind.into());
+    }
     tally.enter_job(u32::from(job.counters));
 
     // The sender must be the registered member for the rank it claims: its
@@ -287,6 +299,14 @@ fn make_result(ctx: &XdpContext, r: &slot::Result, extra_flags: u8) -> Result<()
 pub fn make_notice(ctx: &XdpContext) -> Result<(), Error> {
     let flags = packet::u8_at(ctx, XINA + field::FLAGS)?;
     packet::put(ctx, XINA + field::FLAGS, [flags | Flags::NOTICE])?;
+    strip_payload(ctx)
+}
+
+/// Cuts the frame after the xina header: element count 0, IPv4 and UDP
+/// lengths of the header alone (IPv4 checksum fixed), no UDP checksum (0).
+/// Notices and the acknowledgements the switch makes are such frames.
+#[inline(always)]
+pub fn strip_payload(ctx: &XdpContext) -> Result<(), Error> {
     packet::set_be16(ctx, XINA + field::COUNT.start, 0)?;
     packet::set_be16(ctx, UDP + UDP_CSUM, 0)?;
     packet::set_be16(ctx, UDP + UDP_LEN, (PAYLOAD - UDP) as u16)?;

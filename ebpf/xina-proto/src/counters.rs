@@ -83,8 +83,9 @@ pub enum Counter {
     DropNoMemberUp,
     /// Multicast and anycast data copies addressed to a receiver (egress).
     McastCopies,
-    /// Multicast copies not sent: the member had acknowledged the chunk, or
-    /// is the chunk's sender (egress).
+    /// Group copies not sent (egress): data for a member not in the copy's
+    /// bitmap (it acknowledged the chunk, or is the chunk's sender), or an
+    /// acknowledgement for neither this member nor every member.
     McastSkipped,
     /// Acknowledgements, completions and reports addressed to a member (egress).
     AcksSent,

@@ -27,7 +27,10 @@ pub mod names {
     pub const PORT_COUNTERS: &str = "PORT_COUNTERS";
     /// `HashMap<u32, u32>`: a port's `PORTS` index by its ifindex.
     pub const PORT_INDEX: &str = "PORT_INDEX";
-    /// `ProgramArray`: the aggregation programs ([`super::programs::AGGREGATE`]).
+    /// `ProgramArray`: the programs `xina_switch` tail-calls: the
+    /// aggregation programs ([`super::programs::AGGREGATE`]) and, at
+    /// [`super::programs::GROUP_INDEX`], the group program
+    /// ([`super::programs::GROUP`]).
     pub const AGGREGATE: &str = "AGGREGATE";
     /// `PerCpuArray<Scratch>` with one entry: the ingress path's per-CPU
     /// hand-off from `xina_switch` to the aggregation program it tail-calls
@@ -83,6 +86,15 @@ pub mod programs {
         "xina_agg_i64_min_256",
         "xina_agg_i64_min_360",
     ];
+    /// The program `xina_switch` tail-calls for multicast and anycast packets
+    /// ([`crate::Kind::McastData`], [`crate::Kind::McastAck`]): replication,
+    /// acknowledgement aggregation and anycast delivery.
+    pub const GROUP: &str = "xina_group";
+    /// Index of [`GROUP`] in the `AGGREGATE` program array, after the
+    /// aggregation programs.
+    pub const GROUP_INDEX: u32 = AGGREGATE.len() as u32;
+    /// Entries of the `AGGREGATE` program array.
+    pub const TAIL_CALLS: u32 = GROUP_INDEX + 1;
 }
 
 /// Capacity of the `PORTS` devmap: most ports one switch can have.

@@ -1,8 +1,9 @@
 //! [`Dataplane`]: the loaded XDP programs and their maps, behind domain verbs.
 //!
 //! Nothing outside this module names a map or a program; everything goes
-//! through `Dataplane::attach`, `install_job`, `remove_job`, `counters`,
-//! `slot`, and the `test_run_*` methods that push one frame through a
+//! through `Dataplane::attach`, `install_job` (aggregation jobs, and
+//! multicast and anycast groups), `remove_job`, `counters`,
+//! `member_packets`, `slot`, and the `test_run_*` methods that push one frame through a
 //! program with `BPF_PROG_TEST_RUN` (no interface needed).
 //!
 //! A dataplane is either private to its process ([`Dataplane::load`]: ports
@@ -30,8 +31,8 @@ use xina_proto::{
     DType, MAX_RANKS, Op,
     counters::Counter,
     maps::{
-        CounterBlock, DEFAULT_SLOT_POOL, Job, MAX_JOBS, MAX_PORTS, Member, MemberKey,
-        NO_PORT_INDEX, PortKey, Slot, member_flags, mode, names, programs,
+        CounterBlock, DEFAULT_SLOT_POOL, Job, MAX_JOBS, MAX_PORTS, MEMBER_PACKETS_PER_JOB, Member,
+        MemberKey, NO_PORT_INDEX, PortKey, Slot, member_flags, mode, names, programs,
     },
 };
 
@@ -225,6 +226,81 @@ pub struct JobSpec {
     pub slot_count: u32,
     /// Members, one per rank `0..members.len()`.
     pub members: Vec<MemberSpec>,
+}
+
+impl JobSpec {
+    /// The job entry's `all_ranks`: the ranks whose bits complete a chunk
+    /// (every member) for an aggregation job and a multicast group, where a
+    /// chunk from rank `r` goes to every member but `r`; for an anycast
+    /// group, the members packets may go to: those that are neither senders
+    /// nor marked down.
+    pub fn all_ranks(&self) -> u64 {
+        let bits = |keep: &dyn Fn(&MemberSpec) -> bool| {
+            self.members
+                .iter()
+                .filter(|m| keep(m))
+                .fold(0u64, |acc, m| acc | 1u64 << (m.rank & 63))
+        };
+        match self.mode {
+            Mode::Anycast => bits(&|m| !m.sender && !m.down),
+            _ => bits(&|_| true),
+        }
+    }
+}
+
+/// The rules a group (or an aggregation job) obeys beyond the common ones:
+/// groups carry bytes, summed never, and name their senders; aggregation
+/// jobs carry numbers and have no senders or members marked down.
+fn check_group(job: &JobSpec) -> Result<(), String> {
+    let senders = job.members.iter().filter(|m| m.sender).count();
+    if !job.mode.is_group() {
+        if job.dtype == DType::Bytes {
+            return Err(format!(
+                "{} jobs combine numbers: dtype Bytes is for multicast and anycast groups",
+                job.mode.name()
+            ));
+        }
+        if let Some(m) = job.members.iter().find(|m| m.sender || m.down) {
+            return Err(format!(
+                "rank {}: sender and down apply to multicast and anycast groups only",
+                m.rank
+            ));
+        }
+        return Ok(());
+    }
+    let mode = job.mode.name();
+    if job.dtype != DType::Bytes || job.op != Op::Sum {
+        return Err(format!(
+            "a {mode} group carries bytes: dtype must be Bytes and op Sum (got {:?}, {:?})",
+            job.dtype, job.op
+        ));
+    }
+    if senders == 0 {
+        return Err(format!("a {mode} group needs at least one sender"));
+    }
+    if job.mode == Mode::Multicast {
+        let fan_in = job.members.len();
+        if fan_in < 2 {
+            return Err(format!(
+                "a multicast group needs at least 2 members (got {fan_in})"
+            ));
+        }
+        let fan_in = u32::try_from(fan_in).expect("checked: at most 64 members");
+        if job.slot_count == 0 || !job.slot_count.is_multiple_of(fan_in) {
+            return Err(format!(
+                "{} slots: a multicast group needs a non-zero multiple of its {fan_in} \
+                 members (one window per member)",
+                job.slot_count
+            ));
+        }
+        if let Some(m) = job.members.iter().find(|m| m.down) {
+            return Err(format!(
+                "rank {}: only anycast members can be marked down",
+                m.rank
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// One port the switch is attached to.
@@ -980,8 +1056,17 @@ impl Dataplane {
         self.counter_block(names::PORT_COUNTERS, index)
     }
 
-    /// Installs a job: its slots are cleared, its members and then the job
+    /// Installs a job or a group: its slots are cleared, its counters and
+    /// per-member packet counters zeroed, its members and then the job
     /// entry written. On any error nothing of the job remains.
+    ///
+    /// A multicast or anycast group ([`Mode::is_group`]) has dtype `Bytes`,
+    /// op `Sum`, 1..=1440 payload bytes per packet and at least one member
+    /// with `sender`; a multicast group at least 2 members and a non-zero
+    /// multiple of its member count as slots (one window per member); an
+    /// anycast group may have no slots, and members marked `down` (only
+    /// anycast members may be). An aggregation job has neither `Bytes` nor
+    /// `sender` or `down` members. `Job::all_ranks` is [`JobSpec::all_ranks`].
     ///
     /// # Errors
     /// Job already installed, invalid shape, slot range outside the pool or
@@ -1045,14 +1130,22 @@ impl Dataplane {
                 job.elems_per_packet, job.dtype
             )));
         }
+        check_group(job).map_err(bad)?;
         let end = u64::from(job.slot_base) + u64::from(job.slot_count);
-        if job.slot_count == 0 || end > u64::from(self.slot_pool) {
+        // An anycast group needs no slots.
+        let slots_needed = job.mode != Mode::Anycast;
+        if (slots_needed && job.slot_count == 0) || end > u64::from(self.slot_pool) {
             return Err(bad(format!(
                 "slots {}..{end} do not fit the pool of {} slots",
                 job.slot_base, self.slot_pool
             )));
         }
-        for other in self.jobs.values() {
+        // An empty range (an anycast group's) overlaps nothing.
+        let others = self
+            .jobs
+            .values()
+            .filter(|o| job.slot_count != 0 && o.slot_count != 0);
+        for other in others {
             let other_end = other.slot_base + other.slot_count;
             if u64::from(job.slot_base) < u64::from(other_end) && u64::from(other.slot_base) < end {
                 return Err(bad(format!(
@@ -1118,13 +1211,10 @@ impl Dataplane {
             counters,
             slot_base: job.slot_base,
             slot_count: job.slot_count,
-            all_ranks: if fan_in == 64 {
-                u64::MAX
-            } else {
-                (1u64 << fan_in) - 1
-            },
+            all_ranks: job.all_ranks(),
         };
         self.reset_counter_block(names::JOB_COUNTERS, u32::from(counters))?;
+        self.reset_member_packets(counters)?;
         // The job entry goes last: until it exists, no packet reaches the slots.
         let mut jobs: HashMap<&mut MapData, u32, Job> = map_mut(&mut self.maps, names::JOBS)?;
         jobs.insert(job.id, value, 0)
@@ -1166,9 +1256,54 @@ impl Dataplane {
     /// [`Error::NoSuchJob`].
     pub fn remove_job(&mut self, id: u32) -> Result<(), Error> {
         let job = self.jobs.remove(&id).ok_or(Error::NoSuchJob(id))?;
-        self.job_counters.remove(&id);
+        let counters = self.job_counters.remove(&id);
         self.erase_job(&job);
+        // The job's traffic is gone; leave the block clean for the next
+        // job that gets it (install zeroes it too).
+        if let Some(counters) = counters
+            && let Err(e) = self.reset_member_packets(counters)
+        {
+            log::warn!("job {id}: clearing its member packet counters: {e}");
+        }
         Ok(())
+    }
+
+    /// Zeroes the `MEMBER_PACKETS` entries of the job block `counters`.
+    fn reset_member_packets(&mut self, counters: u16) -> Result<(), Error> {
+        let mut map: Array<&mut MapData, u64> = map_mut(&mut self.maps, names::MEMBER_PACKETS)?;
+        let first = u32::from(counters) * MEMBER_PACKETS_PER_JOB;
+        for index in first..first + MEMBER_PACKETS_PER_JOB {
+            map.set(index, 0, 0).map_err(|source| Error::Map {
+                name: names::MEMBER_PACKETS,
+                what: format!("clearing entry {index}"),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The data copies the switch delivered to each member of group `job`
+    /// (multicast copies and anycast packets), one entry per rank
+    /// `0..fan_in`, since the group was installed. All zero for an
+    /// aggregation job, which gets no such copies.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchJob`], or when the map cannot be read.
+    pub fn member_packets(&self, job: u32) -> Result<Vec<u64>, Error> {
+        let spec = self.jobs.get(&job).ok_or(Error::NoSuchJob(job))?;
+        let counters = *self.job_counters.get(&job).ok_or(Error::NoSuchJob(job))?;
+        let map: Array<&MapData, u64> = map_ref(&self.maps, names::MEMBER_PACKETS)?;
+        let first = u32::from(counters) * MEMBER_PACKETS_PER_JOB;
+        (first..)
+            .take(spec.members.len())
+            .map(|index| {
+                map.get(&index, 0).map_err(|source| Error::Map {
+                    name: names::MEMBER_PACKETS,
+                    what: format!("job {job}: reading entry {index}"),
+                    source,
+                })
+            })
+            .collect()
     }
 
     /// The counters, summed over CPUs.
@@ -1483,6 +1618,7 @@ fn load_programs(ebpf: Ebpf) -> Result<(Ebpf, Maps), Error> {
         programs::EGRESS,
         programs::EGRESS_TEST,
         programs::DROP,
+        programs::GROUP,
     ];
     let mut ebpf = Some(ebpf);
     for name in names.into_iter().chain(programs::AGGREGATE) {
@@ -1504,9 +1640,10 @@ fn load_programs(ebpf: Ebpf) -> Result<(Ebpf, Maps), Error> {
 }
 
 /// Points the `AGGREGATE` program array at the loaded aggregation
-/// programs, by index: what `xina_switch` tail-calls.
+/// programs and the group program, by index: what `xina_switch` tail-calls.
 fn set_aggregate(programs: &mut Option<Ebpf>, maps: &mut Maps) -> Result<(), Error> {
-    for (index, name) in (0u32..).zip(programs::AGGREGATE) {
+    let group = [(programs::GROUP_INDEX, programs::GROUP)];
+    for (index, name) in (0u32..).zip(programs::AGGREGATE).chain(group) {
         let fd = program_fd(programs, name)?;
         let mut array: ProgramArray<&mut MapData> = map_mut(maps, names::AGGREGATE)?;
         array.set(index, &fd, 0).map_err(|source| Error::Map {

@@ -6,7 +6,8 @@
 //! ```text
 //! /sys/fs/bpf/xina/NAME/
 //! ├── maps/JOBS, MEMBERS, PORT_MEMBERS, SLOTS, PORTS, COUNTERS,
-//! │        JOB_COUNTERS, PORT_COUNTERS, PORT_INDEX, AGGREGATE, SCRATCH, AYA_LOGS
+//! │        JOB_COUNTERS, PORT_COUNTERS, PORT_INDEX, AGGREGATE, SCRATCH,
+//! │        MEMBER_PACKETS, AYA_LOGS
 //! ├── progs/xina_switch, xina_egress
 //! └── links/IFNAME:IFINDEX:MODE   one XDP bpf_link per port (MODE: native | generic)
 //! ```
@@ -42,7 +43,7 @@ const BPF_FS_MAGIC: libc::__fsword_t = 0xcafe_4a11;
 /// hold them: the test-run egress ifindex, globals). `SCRATCH` is private
 /// too, but pinned so that after `xina switch upgrade` old and new programs
 /// hand contributions over through the same per-CPU scratch.
-pub const MAPS: [&str; 11] = [
+pub const MAPS: [&str; 12] = [
     names::JOBS,
     names::MEMBERS,
     names::PORT_MEMBERS,
@@ -54,14 +55,15 @@ pub const MAPS: [&str; 11] = [
     names::PORT_INDEX,
     names::AGGREGATE,
     names::SCRATCH,
+    names::MEMBER_PACKETS,
 ];
 
 /// aya-log's ring buffer of the dataplane's log records, pinned too, so a
 /// restarted daemon reads them (`maps/AYA_LOGS`).
 pub const LOGS: &str = "AYA_LOGS";
 
-/// The programs that are pinned (the aggregation programs are held by the
-/// pinned `AGGREGATE` array).
+/// The programs that are pinned (the aggregation programs and the group
+/// program are held by the pinned `AGGREGATE` array).
 pub const PROGRAMS: [&str; 2] = [programs::SWITCH, programs::EGRESS];
 
 /// A switch's pin directory.
