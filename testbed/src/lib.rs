@@ -11,10 +11,13 @@
 //! - [`lossy`]: a lossy link (drops, duplicates, reordering) on a veth.
 //! - [`ring`]: a host-based ring allreduce over TCP, the baseline of
 //!   [`allreduce_bench`] (`bench allreduce`), which compares xina with it.
+//! - [`group`]: a multicast group of every worker on a star, for broadcast
+//!   and allgather scenarios.
 
 pub mod allreduce_bench;
 pub mod bench;
 pub mod ethtool;
+pub mod group;
 pub mod lossy;
 pub mod netns;
 pub mod ring;

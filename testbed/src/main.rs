@@ -25,6 +25,54 @@ enum Command {
     /// a worker namespace to kill it mid-call); prints its stats.
     #[command(hide = true)]
     Worker(WorkerArgs),
+    /// One member of a multicast group receiving one broadcast, as its own
+    /// process (the group scenarios kill it mid-call).
+    #[command(hide = true)]
+    GroupMember(GroupMemberArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct GroupMemberArgs {
+    #[arg(long)]
+    rank: u8,
+    #[arg(long)]
+    fan_in: u8,
+    #[arg(long)]
+    bytes_per_packet: u16,
+    #[arg(long)]
+    window: u32,
+    /// The broadcast's root.
+    #[arg(long)]
+    root: u8,
+    /// The broadcast's length in bytes.
+    #[arg(long)]
+    len: usize,
+    /// The switch's xina address.
+    #[arg(long)]
+    switch: std::net::SocketAddrV4,
+    /// The address to bind (the one the switch knows this rank by).
+    #[arg(long)]
+    bind: std::net::SocketAddrV4,
+}
+
+fn group_member(args: &GroupMemberArgs) -> anyhow::Result<bool> {
+    let params = xina_host::GroupParams {
+        group: xina_testbed::group::GROUP_ID,
+        rank: args.rank,
+        fan_in: args.fan_in,
+        bytes_per_packet: args.bytes_per_packet,
+        window: args.window,
+        switch: args.switch,
+    };
+    let mut member = xina_host::GroupWorker::new(params, args.bind, xina_host::Config::default())?;
+    let mut buf = vec![0; args.len];
+    // Whoever started this process waits for this line.
+    println!("ready");
+    std::io::stdout().flush()?;
+    let stats = member.broadcast(args.root, &mut buf)?;
+    // Whoever started this process may have stopped listening.
+    let _ = writeln!(std::io::stdout(), "rank {}: {stats}", args.rank);
+    Ok(true)
 }
 
 #[derive(Debug, clap::Args)]
@@ -414,6 +462,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Switch(args)) => bench_switch(args),
         Command::Bench(BenchCommand::Allreduce(args)) => bench_allreduce(args),
         Command::Worker(args) => worker(args),
+        Command::GroupMember(args) => group_member(args),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -764,7 +764,10 @@ pub fn run_allreduce_on(
 }
 
 /// A lossy link on every worker's interface, as `loss` says.
-fn attach_lossy_links(star: &Star, loss: Loss) -> anyhow::Result<Vec<crate::lossy::LossyLink>> {
+pub(crate) fn attach_lossy_links(
+    star: &Star,
+    loss: Loss,
+) -> anyhow::Result<Vec<crate::lossy::LossyLink>> {
     let to_switch = crate::lossy::rates(loss.drop_ppm, loss.duplicate_ppm, loss.delay_ppm, true);
     let from_switch = crate::lossy::rates(loss.drop_ppm, loss.duplicate_ppm, 0, true);
     star.workers()

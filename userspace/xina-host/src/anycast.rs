@@ -77,7 +77,10 @@ impl AnycastSender {
             .ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::InvalidInput,
-                    format!("{} bytes do not fit one packet ({MAX_PAYLOAD})", payload.len()),
+                    format!(
+                        "{} bytes do not fit one packet ({MAX_PAYLOAD})",
+                        payload.len()
+                    ),
                 )
             })?;
         let repr = header(self.group, self.rank, self.fan_in, flow, len);
@@ -113,7 +116,12 @@ pub fn parse(datagram: &[u8]) -> Option<Received<'_>> {
     if repr.kind != Kind::McastData || repr.dtype != DType::Bytes {
         return None;
     }
-    let flow = repr.slot | if repr.slot_version { SLOT_VERSION_BIT } else { 0 };
+    let flow = repr.slot
+        | if repr.slot_version {
+            SLOT_VERSION_BIT
+        } else {
+            0
+        };
     Some(Received {
         group: repr.job,
         sender: repr.rank,

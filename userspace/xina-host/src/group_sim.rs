@@ -139,9 +139,8 @@ impl GroupSwitchModel {
                             out
                         }
                     }
-                    // Only a later chunk may take the copy over: normally
-                    // `seq + 2W`, later ones after a call that failed.
-                    Some(c) if repr.seq.wrapping_sub(c.seq) as i32 <= 0 => {
+                    // Only the copy's next chunk, `seq + 2W`, takes it over.
+                    Some(c) if c.seq.wrapping_add(2 * w) != repr.seq => {
                         self.stats.stale += 1;
                         Vec::new()
                     }
