@@ -267,6 +267,9 @@ pub struct MemberView {
     pub sender: bool,
     /// Anycast groups: the member is down (receives nothing new).
     pub down: bool,
+    /// Groups: data copies the switch delivered to the member since the
+    /// group was installed (`null` for a job).
+    pub copies: Option<u64>,
 }
 
 /// A job as `xina job ls/show --json` prints it.
@@ -291,6 +294,12 @@ pub struct JobView {
 impl JobView {
     /// The view of `job` on `dp` (interface names from its ports).
     pub fn new(dp: &Dataplane, job: &JobSpec) -> Self {
+        let copies = if job.mode.is_group() {
+            // A switch whose counters cannot be read shows none.
+            dp.member_packets(job.id).ok()
+        } else {
+            None
+        };
         Self {
             id: job.id,
             op: match job.op {
@@ -312,6 +321,9 @@ impl JobView {
                 .members
                 .iter()
                 .map(|m| MemberView {
+                    copies: copies
+                        .as_ref()
+                        .and_then(|c| c.get(usize::from(m.rank)).copied()),
                     rank: m.rank,
                     ip: m.ip,
                     port: m.udp_port,

@@ -167,8 +167,8 @@ pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
                     ),
                 }
                 println!(
-                    "{:>5}  {:<16}{:>6}  {:<18}{:<16}flags",
-                    "rank", "ip", "port", "mac", "interface"
+                    "{:>5}  {:<16}{:>6}  {:<18}{:<16}{:>10}  flags",
+                    "rank", "ip", "port", "mac", "interface", "copies"
                 );
                 for m in &v.members {
                     let flags: Vec<&str> = [(m.sender, "sender"), (m.down, "down")]
@@ -176,12 +176,13 @@ pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
                         .filter_map(|(on, name)| on.then_some(name))
                         .collect();
                     println!(
-                        "{:>5}  {:<16}{:>6}  {:<18}{:<16}{}",
+                        "{:>5}  {:<16}{:>6}  {:<18}{:<16}{:>10}  {}",
                         m.rank,
                         m.ip,
                         m.port,
                         m.mac,
                         m.interface,
+                        m.copies.map_or_else(|| "-".to_owned(), |c| c.to_string()),
                         if flags.is_empty() {
                             "-".to_owned()
                         } else {
