@@ -13,6 +13,7 @@
 //!   [`allreduce_bench`] (`bench allreduce`), which compares xina with it.
 
 pub mod allreduce_bench;
+pub mod bcast;
 pub mod bench;
 pub mod ethtool;
 pub mod lossy;
