@@ -678,6 +678,15 @@ pub fn mesh_addrs(ips: impl IntoIterator<Item = Ipv4Addr>) -> Vec<SocketAddrV4> 
         .collect()
 }
 
+/// `len` pseudo-random bytes drawn from `seed`: the same for the same
+/// arguments, so a receiver's copy can be checked against a fresh one.
+pub fn payload(seed: u64, len: usize) -> Vec<u8> {
+    use rand::{Rng as _, SeedableRng as _};
+    let mut bytes = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill(&mut bytes[..]);
+    bytes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
