@@ -11,9 +11,13 @@
 //! - [`lossy`]: a lossy link (drops, duplicates, reordering) on a veth.
 //! - [`ring`]: a host-based ring allreduce over TCP, the baseline of
 //!   [`allreduce_bench`] (`bench allreduce`), which compares xina with it.
+//! - [`bcast`]: host-based broadcasts over TCP (root-to-all unicast, a
+//!   binomial tree, one root-to-one transfer), the baselines of
+//!   [`bcast_bench`] (`bench bcast`).
 
 pub mod allreduce_bench;
 pub mod bcast;
+pub mod bcast_bench;
 pub mod bench;
 pub mod ethtool;
 pub mod lossy;
