@@ -1,5 +1,5 @@
-//! Host-based broadcast baselines over TCP: what xina's multicast groups are
-//! measured against (`xina-testbed bench bcast`).
+//! Host-based broadcast (and allgather) baselines over TCP: what xina's
+//! multicast groups are measured against (`xina-testbed bench bcast`).
 //!
 //! Every rank holds one TCP connection to every other rank (a full mesh, set
 //! up once by [`MeshRank::connect`]); a broadcast uses the connections its
@@ -32,6 +32,10 @@
 //! - [`Algorithm::Once`]: the root sends the buffer to one rank,
 //!   `(root + 1) mod n`; the others take no part. This is the time a network
 //!   multicast could at best reach: the buffer crossing the wire once.
+//!
+//! [`MeshRank::allgather_ring`] is a ring allgather over the same mesh (each
+//! rank sends to the next and receives from the previous, pipelined), the
+//! host-based counterpart of every rank broadcasting its part at once.
 //!
 //! In every algorithm a rank reads from at most one parent and writes to
 //! its children in one thread on non-blocking sockets, sleeping in `poll(2)`
@@ -451,6 +455,127 @@ impl MeshRank {
             retransmits: retrans_after.saturating_sub(retrans_before),
         })
     }
+
+    /// Ring allgather of `data` in place: rank `i` of `n` contributes part
+    /// `i`, bytes `i·len/n .. (i+1)·len/n` (parts differ by at most a byte;
+    /// some are empty when `len < n`), and every rank ends with every part.
+    /// Every rank must call it with the same length.
+    ///
+    /// Over the mesh's connections to the next rank (`rank + 1 mod n`, it
+    /// sends) and the previous one (it receives), in `n - 1` steps: in step
+    /// `s` a rank sends part `rank - s` and receives part `rank - s - 1`
+    /// (mod `n`). What it sends in step `s ≥ 1` is what it received in step
+    /// `s - 1`, so its send stream is its own part followed by its receive
+    /// stream, and bytes go on as soon as they have arrived (pipelined, as
+    /// [`crate::ring`]). [`Completion::received`] is when the last part's
+    /// last byte arrived.
+    ///
+    /// # Errors
+    /// As [`MeshRank::broadcast`].
+    pub fn allgather_ring(&mut self, data: &mut [u8]) -> Result<Completion, Error> {
+        let (rank, n, len) = (self.rank, self.ranks(), data.len());
+        if n == 1 {
+            return Ok(Completion {
+                received: None,
+                bytes_sent: 0,
+                retransmits: 0,
+            });
+        }
+        let part = |p: usize| p * len / n..(p + 1) * len / n;
+        let back = |k: usize| (rank + n - k % n) % n;
+        // Buffer ranges in stream order: what is received, step by step,
+        // and what is sent (own part, then what was received).
+        let recv_parts: Vec<_> = (1..n).map(|k| part(back(k))).collect();
+        let send_parts: Vec<_> = std::iter::once(part(rank))
+            .chain(recv_parts[..n - 2].iter().cloned())
+            .collect();
+        let total =
+            |parts: &[std::ops::Range<usize>]| parts.iter().map(ExactSizeIterator::len).sum();
+        let (recv_total, send_total): (usize, usize) = (total(&recv_parts), total(&send_parts));
+        let own = part(rank).len();
+        let next = self.peers[(rank + 1) % n].as_ref().expect("n > 1");
+        let prev = self.peers[back(1)].as_ref().expect("n > 1");
+        let retrans_before =
+            total_retrans(&next.stream).map_err(next.io_error(rank, "reading TCP_INFO"))?;
+        let (mut recvd, mut sent) = (0usize, 0usize);
+        let mut received = None;
+        let mut last_progress = Instant::now();
+        while recvd < recv_total || sent < send_total {
+            let mut progress = false;
+            let mut want_read = false;
+            if recvd < recv_total {
+                let (at, room) = locate(&recv_parts, recvd);
+                match (&prev.stream).read(&mut data[at..at + room]) {
+                    Ok(0) => return Err(closed(rank, prev, recvd, recv_total)),
+                    Ok(k) => {
+                        recvd += k;
+                        if recvd == recv_total {
+                            received = Some(Instant::now());
+                        }
+                        progress = true;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => want_read = true,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        return Err(closed_or_io(e, rank, prev, "receiving", recvd, recv_total));
+                    }
+                }
+            }
+            let mut want_write = false;
+            // Own part at once; the rest as it arrives.
+            let limit = (own + recvd).min(send_total);
+            if sent < limit {
+                let (at, left) = locate(&send_parts, sent);
+                let k = left.min(limit - sent);
+                match (&next.stream).write(&data[at..at + k]) {
+                    Ok(0) => return Err(closed(rank, next, sent, send_total)),
+                    Ok(k) => {
+                        sent += k;
+                        progress = true;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => want_write = true,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        return Err(closed_or_io(e, rank, next, "sending", sent, send_total));
+                    }
+                }
+            }
+            if progress {
+                last_progress = Instant::now();
+                continue;
+            }
+            let waited = last_progress.elapsed();
+            if waited >= self.timeout {
+                let (p, what, done, of) = if want_read || !want_write {
+                    (prev, "no data from", recvd, recv_total)
+                } else {
+                    (next, "no room towards", sent, send_total)
+                };
+                return Err(Error::Stalled {
+                    rank,
+                    peer: p.rank,
+                    addr: p.addr,
+                    what,
+                    waited,
+                    done,
+                    len: of,
+                });
+            }
+            wait(
+                want_read.then_some(prev),
+                want_write.then_some(next).into_iter(),
+                self.timeout - waited,
+            )
+            .map_err(prev.io_error(rank, "poll"))?;
+        }
+        let retrans_after =
+            total_retrans(&next.stream).map_err(next.io_error(rank, "reading TCP_INFO"))?;
+        Ok(Completion {
+            received,
+            bytes_sent: sent as u64,
+            retransmits: u64::from(retrans_after.wrapping_sub(retrans_before)),
+        })
+    }
 }
 
 fn closed(rank: usize, peer: &Peer, done: usize, len: usize) -> Error {
@@ -671,6 +796,19 @@ fn hello_from(
     })
 }
 
+/// Where stream offset `off` lies in the buffer, for a stream made of
+/// `parts` in order (`off` below their total): the buffer offset and the
+/// bytes left in that part.
+fn locate(parts: &[std::ops::Range<usize>], mut off: usize) -> (usize, usize) {
+    for p in parts {
+        if off < p.len() {
+            return (p.start + off, p.len() - off);
+        }
+        off -= p.len();
+    }
+    unreachable!("stream offset beyond its parts")
+}
+
 /// The addresses of a mesh whose rank `i` listens on `ips[i]`:[`BCAST_PORT`].
 pub fn mesh_addrs(ips: impl IntoIterator<Item = Ipv4Addr>) -> Vec<SocketAddrV4> {
     ips.into_iter()
@@ -771,73 +909,109 @@ mod tests {
         }
     }
 
+    /// Runs `f(rank, mesh)` on every rank of an `n`-rank mesh over
+    /// loopback (no namespaces needed), each in its own thread; returns what
+    /// each returned, by rank.
+    fn on_loopback<T: Send>(n: usize, f: impl Fn(usize, MeshRank) -> T + Sync) -> Vec<T> {
+        let listeners: Vec<TcpListener> = (0..n)
+            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let addrs: Vec<SocketAddrV4> = listeners
+            .iter()
+            .map(|l| match l.local_addr().unwrap() {
+                SocketAddr::V4(a) => a,
+                SocketAddr::V6(a) => panic!("{a}"),
+            })
+            .collect();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = listeners
+                .iter()
+                .enumerate()
+                .map(|(rank, listener)| {
+                    let (addrs, f) = (&addrs, &f);
+                    scope.spawn(move || {
+                        f(
+                            rank,
+                            MeshRank::connect(rank, addrs, listener, Duration::from_secs(10))
+                                .unwrap(),
+                        )
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// Ring allgathers over loopback: every rank ends with every rank's
+    /// part, at lengths below, at and above the rank count, call after call.
+    #[test]
+    fn loopback_allgathers_are_exact() {
+        for n in 1..=5usize {
+            let lengths = [0usize, 1, 3, n, 7, 4099, 300_001];
+            let errors: Vec<String> = on_loopback(n, |rank, mut mesh| {
+                let mut errors = Vec::new();
+                for &len in &lengths {
+                    let full = payload(len as u64, len);
+                    let mine = rank * len / n..(rank + 1) * len / n;
+                    let mut data: Vec<u8> = full.iter().map(|b| !b).collect();
+                    let others = len - mine.len();
+                    data[mine.clone()].copy_from_slice(&full[mine]);
+                    let done = mesh.allgather_ring(&mut data).unwrap();
+                    if data != full || done.received.is_some() != (others > 0) {
+                        errors.push(format!("n {n} len {len} rank {rank}"));
+                    }
+                }
+                errors
+            })
+            .into_iter()
+            .flatten()
+            .collect();
+            assert!(errors.is_empty(), "{errors:?}");
+        }
+    }
+
     /// Whole broadcasts over loopback (no namespaces needed): every receiver
     /// gets exactly the root's bytes, for every algorithm, root and rank
     /// count, at odd and empty lengths, call after call on the same mesh.
     #[test]
     fn loopback_broadcasts_are_exact() {
         for n in 1..=5usize {
-            let listeners: Vec<TcpListener> = (0..n)
-                .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-                .collect();
-            let addrs: Vec<SocketAddrV4> = listeners
-                .iter()
-                .map(|l| match l.local_addr().unwrap() {
-                    SocketAddr::V4(a) => a,
-                    SocketAddr::V6(a) => panic!("{a}"),
-                })
-                .collect();
             let lengths = [0usize, 1, 7, 4099, 300_001];
-            let pattern = |root: usize, len: usize| -> Vec<u8> {
-                (0..len).map(|i| (i * 31 + root * 7 + len) as u8).collect()
-            };
-            let errors: Vec<String> = std::thread::scope(|scope| {
-                let handles: Vec<_> = listeners
-                    .iter()
-                    .enumerate()
-                    .map(|(rank, listener)| {
-                        let addrs = &addrs;
-                        scope.spawn(move || {
-                            let mut mesh =
-                                MeshRank::connect(rank, addrs, listener, Duration::from_secs(10))
-                                    .unwrap();
-                            let mut errors = Vec::new();
-                            for algorithm in ALL {
-                                for root in 0..n {
-                                    for &len in &lengths {
-                                        let want = pattern(root, len);
-                                        let mut data: Vec<u8> = if rank == root {
-                                            want.clone()
-                                        } else {
-                                            want.iter().map(|b| !b).collect()
-                                        };
-                                        let done =
-                                            mesh.broadcast(algorithm, root, &mut data).unwrap();
-                                        let receives = rank != root
-                                            && (algorithm != Algorithm::Once
-                                                || rank == (root + 1) % n);
-                                        let ok = if receives {
-                                            data == want && done.received.is_some() == (len > 0)
-                                        } else {
-                                            done.received.is_none()
-                                        };
-                                        if !ok {
-                                            errors.push(format!(
-                                                "{algorithm:?} n {n} root {root} len {len} rank {rank}"
-                                            ));
-                                        }
-                                    }
-                                }
+            let errors: Vec<String> = on_loopback(n, |rank, mut mesh| {
+                let mut errors = Vec::new();
+                for algorithm in ALL {
+                    for root in 0..n {
+                        for &len in &lengths {
+                            let want = payload((root * 1000 + len) as u64, len);
+                            let other: Vec<u8> = want.iter().map(|b| !b).collect();
+                            let mut data = if rank == root {
+                                want.clone()
+                            } else {
+                                other.clone()
+                            };
+                            let done = mesh.broadcast(algorithm, root, &mut data).unwrap();
+                            let receives = rank != root
+                                && (algorithm != Algorithm::Once || rank == (root + 1) % n);
+                            let ok = if receives {
+                                data == want && done.received.is_some() == (len > 0)
+                            } else {
+                                // The root keeps its bytes; a bystander's are untouched.
+                                data == *if rank == root { &want } else { &other }
+                                    && done.received.is_none()
+                            };
+                            if !ok {
+                                errors.push(format!(
+                                    "{algorithm:?} n {n} root {root} len {len} rank {rank}"
+                                ));
                             }
-                            errors
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .flat_map(|h| h.join().unwrap())
-                    .collect()
-            });
+                        }
+                    }
+                }
+                errors
+            })
+            .into_iter()
+            .flatten()
+            .collect();
             assert!(errors.is_empty(), "{errors:?}");
         }
     }

@@ -1,7 +1,8 @@
 //! The host-based broadcast baselines over TCP between worker namespaces
 //! (root needed): every receiver ends with exactly the root's bytes, for
-//! every algorithm, several roots and sizes, lossless and with 1% of the
-//! frames dropped on every worker link.
+//! every algorithm, several roots and sizes, and every rank of a ring
+//! allgather with every part; lossless and with 1% of the frames dropped on
+//! every worker link.
 //!
 //! ```text
 //!   w0 (10.77.0.1) ──┐                       a TCP connection between
@@ -63,10 +64,11 @@ fn on_mesh<T: Send>(
     })
 }
 
-/// One broadcast of the sequence every rank runs.
+/// One call of the sequence every rank runs: a broadcast from `root` by
+/// `algorithm`, or a ring allgather (`algorithm` `None`, `root` unused).
 #[derive(Clone, Copy, Debug)]
 struct Case {
-    algorithm: Algorithm,
+    algorithm: Option<Algorithm>,
     root: usize,
     len: usize,
 }
@@ -80,14 +82,37 @@ fn broadcast_all(star: &Star, cases: &[Case]) -> (usize, Vec<String>) {
         let mut failures = Vec::new();
         for (i, c) in cases.iter().enumerate() {
             let want = payload(i as u64, c.len);
+            let what = format!("{c:?} of {n} ranks, rank {rank}");
+            let Some(algorithm) = c.algorithm else {
+                // Allgather: this rank holds its own part, the complement
+                // elsewhere, so every other byte must change.
+                let mine = rank * c.len / n..(rank + 1) * c.len / n;
+                let mut data: Vec<u8> = want.iter().map(|b| !b).collect();
+                data[mine.clone()].copy_from_slice(&want[mine]);
+                match mesh.allgather_ring(&mut data) {
+                    Ok(_) => {
+                        checked += 1;
+                        if let Some(at) = data.iter().zip(&want).position(|(a, b)| a != b) {
+                            failures.push(format!(
+                                "{what}: byte {at} is {:#04x}, its owner had {:#04x}",
+                                data[at], want[at]
+                            ));
+                        }
+                    }
+                    Err(e) => {
+                        failures.push(format!("{what}: {e}"));
+                        break;
+                    }
+                }
+                continue;
+            };
             // Receivers start from the complement, so every byte must change.
             let mut data: Vec<u8> = if rank == c.root {
                 want.clone()
             } else {
                 want.iter().map(|b| !b).collect()
             };
-            let what = format!("{c:?} of {n} ranks, rank {rank}");
-            let done = match mesh.broadcast(c.algorithm, c.root, &mut data) {
+            let done = match mesh.broadcast(algorithm, c.root, &mut data) {
                 Ok(done) => done,
                 Err(e) => {
                     // The mesh is out of step after an error; stop here.
@@ -96,7 +121,7 @@ fn broadcast_all(star: &Star, cases: &[Case]) -> (usize, Vec<String>) {
                 }
             };
             let receives =
-                rank != c.root && (c.algorithm != Algorithm::Once || rank == (c.root + 1) % n);
+                rank != c.root && (algorithm != Algorithm::Once || rank == (c.root + 1) % n);
             if receives {
                 checked += 1;
                 if let Some(at) = data.iter().zip(&want).position(|(a, b)| a != b) {
@@ -133,9 +158,9 @@ fn broadcast_all(star: &Star, cases: &[Case]) -> (usize, Vec<String>) {
     (checked, failures)
 }
 
-/// Every algorithm, from the first, a middle and the last rank, at 4 bytes,
-/// odd sizes and a few MiB.
-fn cases(n: usize, lengths: &[usize], algorithms: &[Algorithm]) -> Vec<Case> {
+/// Every algorithm, from the first, a middle and the last rank, at each of
+/// `lengths`; then, with `allgather`, a ring allgather at each of them.
+fn cases(n: usize, lengths: &[usize], algorithms: &[Algorithm], allgather: bool) -> Vec<Case> {
     let mut roots = vec![0, n / 2, n - 1];
     roots.dedup();
     let mut cases = Vec::new();
@@ -143,34 +168,45 @@ fn cases(n: usize, lengths: &[usize], algorithms: &[Algorithm]) -> Vec<Case> {
         for &root in &roots {
             for &len in lengths {
                 cases.push(Case {
-                    algorithm,
+                    algorithm: Some(algorithm),
                     root,
                     len,
                 });
             }
         }
     }
+    if allgather {
+        cases.extend(lengths.iter().map(|&len| Case {
+            algorithm: None,
+            root: 0,
+            len,
+        }));
+    }
     cases
 }
 
-/// Receivers of `cases` among `n` ranks.
+/// Buffers checked over `cases` among `n` ranks: every receiver of a
+/// broadcast, every rank of an allgather.
 fn receivers(n: usize, cases: &[Case]) -> usize {
     cases
         .iter()
         .map(|c| match c.algorithm {
-            Algorithm::Once => 1,
-            _ => n - 1,
+            Some(Algorithm::Once) => 1,
+            Some(_) => n - 1,
+            None => n,
         })
         .sum()
 }
 
 fn exact(n: usize) {
     let star = Star::build(n).expect("star");
-    let lengths = [4, 1, 1001, 65_537, (3 << 20) + 5];
+    // 4 bytes, fewer bytes than ranks, odd sizes, a few MiB.
+    let lengths = [4, 1, 7, 1001, 65_537, (3 << 20) + 5];
     let cases = cases(
         n,
         &lengths,
         &[Algorithm::Unicast, Algorithm::Tree, Algorithm::Once],
+        true,
     );
     let (checked, failures) = broadcast_all(&star, &cases);
     assert!(failures.is_empty(), "{n} ranks: {failures:#?}");
@@ -208,6 +244,7 @@ fn exact_under_loss(n: usize) {
         n,
         &[4, 1001, (2 << 20) + 3],
         &[Algorithm::Unicast, Algorithm::Tree],
+        true,
     );
     let (checked, failures) = broadcast_all(&star, &cases);
     let (mut seen, mut dropped) = (0, 0);
