@@ -13,8 +13,13 @@
 //!   [`allreduce_bench`] (`bench allreduce`), which compares xina with it.
 //! - [`group`]: a multicast group of every worker on a star, for broadcast
 //!   and allgather scenarios.
+//! - [`bcast`]: host-based broadcasts over TCP (root-to-all unicast, a
+//!   binomial tree, one root-to-one transfer), the baselines of
+//!   [`bcast_bench`] (`bench bcast`), which compares xina with them.
 
 pub mod allreduce_bench;
+pub mod bcast;
+pub mod bcast_bench;
 pub mod bench;
 pub mod ethtool;
 pub mod group;

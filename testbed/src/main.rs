@@ -4,7 +4,7 @@ use std::{io::Write as _, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use xina_testbed::{allreduce_bench, bench, netns, scenario};
+use xina_testbed::{allreduce_bench, bcast_bench, bench, netns, scenario};
 
 #[derive(Debug, Parser)]
 #[command(version, about = "xina on network namespaces: demos and scenarios")]
@@ -147,6 +147,110 @@ enum BenchCommand {
     /// over TCP on the same namespaces and links, for each worker count and
     /// size, in nccl-tests' columns, with the ratio between them.
     Allreduce(BenchAllreduceArgs),
+    /// Broadcast on the switch's namespaces and links: root-to-all unicast
+    /// over TCP, a pipelined binomial tree over TCP, and one root-to-one TCP
+    /// transfer (the bound a network multicast could reach), for each rank
+    /// count, size and loss rate, with ratios against unicast.
+    Bcast(BenchBcastArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchBcastArgs {
+    /// Rank counts (one star each).
+    #[arg(long, value_delimiter = ',', default_values_t = [2usize, 4, 8])]
+    ranks: Vec<usize>,
+    /// Buffer sizes: a list such as `4B,64KiB,1MiB,64MiB` (units B, KiB,
+    /// MiB, GiB), or `MIN..MAX` stepping by `--factor`.
+    #[arg(long, default_value = "4B,64KiB,1MiB,64MiB")]
+    sizes: String,
+    /// Each size is the previous one times this (with `MIN..MAX`).
+    #[arg(long, default_value_t = 2)]
+    factor: usize,
+    /// Repetitions per size and implementation, after a warm-up (sizes
+    /// below 1 MiB run several broadcasts per repetition).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Loss rates in percent of all frames on every worker link, both
+    /// directions; e.g. `0,1`.
+    #[arg(long, value_delimiter = ',', default_values_t = [0.0f64])]
+    loss: Vec<f64>,
+    /// Implementations, in table order.
+    #[arg(long, value_enum, value_delimiter = ',',
+          default_values_t = bcast_bench::Impl::BASELINES)]
+    impls: Vec<bcast_bench::Impl>,
+    /// Seconds a rank waits for a peer that does not move before failing.
+    #[arg(long, default_value_t = 30.0)]
+    timeout: f64,
+    /// Also write the spec, goals and one record per measurement as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn bench_bcast(args: &BenchBcastArgs) -> anyhow::Result<bool> {
+    let spec = bcast_bench::BcastBenchSpec {
+        ranks: args.ranks.clone(),
+        sizes: allreduce_bench::parse_size_range(&args.sizes, args.factor).context("--sizes")?,
+        reps: args.reps,
+        losses: args.loss.clone(),
+        impls: args.impls.clone(),
+        timeout: Duration::try_from_secs_f64(args.timeout).context("--timeout")?,
+        ..Default::default()
+    };
+    spec.validate()?;
+    let machine = bench::Machine::this();
+    println!(
+        "xina bench bcast: {} over the switch's namespaces, {} CPUs, Linux {}",
+        spec.impls
+            .iter()
+            .map(|i| i.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        machine.cpus,
+        machine.kernel
+    );
+    println!(
+        "median over {} repetitions (x broadcasts per repetition below 1 MiB) after a warm-up, \
+         interleaved, roots rotating; every receiver checked byte for byte\n",
+        spec.reps
+    );
+    let records = bcast_bench::run(&spec, |line| eprintln!("  {line}"))?;
+    for &loss in &spec.losses {
+        for &ranks in &spec.ranks {
+            println!("{ranks} ranks, loss {loss}%:");
+            println!("{}", bcast_bench::table(&records, ranks, loss));
+        }
+    }
+    println!(
+        "time: per broadcast, first rank out of the barrier to the slowest receiver's last byte; \
+         algbw = size/time (GB/s = 1e9 B/s; busbw = algbw);\nretx: TCP retransmitted segments \
+         summed over ranks and broadcasts; x unicast = unicast time / time (algbw relative to \
+         unicast in the same run);\nunicast: root sends to every rank, concurrently; tree: \
+         binomial, pipelined forwarding; once: root to one rank (the multicast bound)\n"
+    );
+    let goals = bcast_bench::judge_goals(&records);
+    println!("goals:");
+    for g in &goals {
+        let verdict = match (g.met, g.value) {
+            (Some(met), Some(v)) => format!(
+                "{}: {v:.2} (needs {} {})",
+                if met { "MET" } else { "NOT MET" },
+                if g.at_least { ">=" } else { "<=" },
+                g.bound
+            ),
+            _ => "not judged".to_owned(),
+        };
+        println!("  {}\n    => {verdict}; {}", g.statement, g.detail);
+    }
+    if let Some(path) = &args.json {
+        let report = bcast_bench::BcastBenchReport {
+            machine,
+            spec,
+            goals,
+            records,
+        };
+        write_json(path, &report)?;
+    }
+    Ok(true)
 }
 
 #[derive(Debug, clap::Args)]
@@ -461,6 +565,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo(args),
         Command::Bench(BenchCommand::Switch(args)) => bench_switch(args),
         Command::Bench(BenchCommand::Allreduce(args)) => bench_allreduce(args),
+        Command::Bench(BenchCommand::Bcast(args)) => bench_bcast(args),
         Command::Worker(args) => worker(args),
         Command::GroupMember(args) => group_member(args),
     };

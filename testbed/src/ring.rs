@@ -553,7 +553,7 @@ fn wait(
 }
 
 /// `tcpi_total_retrans` of a connection.
-fn total_retrans(stream: &TcpStream) -> io::Result<u32> {
+pub(crate) fn total_retrans(stream: &TcpStream) -> io::Result<u32> {
     // SAFETY: `tcp_info` is plain integers; all zeroes is a valid value.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
