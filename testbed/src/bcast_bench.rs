@@ -8,8 +8,8 @@
 //! it for the whole sweep (it passes what is not xina to the kernel, which
 //! bridges it, so the TCP baselines cross the same veths and XDP programs
 //! xina's packets do). Every rank is one thread in its worker namespace,
-//! set up before anything is timed ([`RankImpls::setup`]: today the TCP
-//! mesh of [`crate::bcast`]).
+//! set up before anything is timed ([`RankImpls::setup`]: the TCP mesh of
+//! [`crate::bcast`] and xina's group member).
 //!
 //! For every loss rate and size: one warm-up broadcast per implementation,
 //! then `reps` repetitions, interleaved implementation by implementation so
@@ -43,15 +43,16 @@
 //!   `frames_seen`/`frames_dropped` count what the links saw and dropped
 //!   during the measured broadcasts.
 //!
-//! # Adding an implementation
+//! # xina
 //!
-//! xina's broadcast (`xina_host::GroupWorker::broadcast(root, &mut [u8])`)
-//! joins as one more [`Impl`] variant, with [`Impl::is_baseline`] false so
-//! that [`judge_goals`] judges it: a field of [`RankImpls`] set up in
-//! [`RankImpls::setup`], an arm in [`RankImpls::broadcast`] that calls it and
-//! returns `Instant::now()` on a receiver once the call has returned, and a
-//! multicast group of all ranks in the switch configuration that
-//! `run_on` attaches. Nothing else changes.
+//! xina's rows come from one multicast group of every rank
+//! ([`crate::group`]: 1,440 bytes per packet, a window of 128 chunks per
+//! sender) installed on the same switch; each rank's `GroupWorker` is bound
+//! before timing. A receiver's time ends when its `broadcast` call returns
+//! (it has every byte, and knows its last acknowledgements arrived); the
+//! root's own return (after every receiver's acknowledgement) is not
+//! counted, as for the baselines. `retransmits` are the chunks the roots
+//! sent again.
 
 use std::{
     fmt::Write as _,
@@ -70,10 +71,12 @@ use crate::{
     allreduce_bench::{format_size, iters_for},
     bcast::{Algorithm, MeshRank, mesh_addrs, payload},
     bench::{Machine, median},
+    group::{self, GroupSpec},
     lossy::{Counts, LossyLink},
-    scenario::{self, AllreduceSpec},
+    scenario,
     topology::Star,
 };
+use xina_host::{GroupParams, GroupWorker};
 
 /// The goals of issue 6 are judged at this rank count, size and no loss.
 pub const GOAL_RANKS: usize = 8;
@@ -94,17 +97,24 @@ pub enum Impl {
     /// The root sends the buffer to one rank over TCP: the bound a network
     /// multicast could reach.
     Once,
+    /// xina's reliable broadcast through a multicast group of every rank on
+    /// the XDP switch (`xina_host::GroupWorker::broadcast`); a receiver's
+    /// time ends when its call returns.
+    Xina,
 }
 
 impl Impl {
     /// The host-based baselines, in table order.
     pub const BASELINES: [Self; 3] = [Self::Unicast, Self::Tree, Self::Once];
+    /// Every implementation, in table order.
+    pub const ALL: [Self; 4] = [Self::Unicast, Self::Tree, Self::Once, Self::Xina];
 
     pub const fn name(self) -> &'static str {
         match self {
             Self::Unicast => "unicast",
             Self::Tree => "tree",
             Self::Once => "once",
+            Self::Xina => "xina",
         }
     }
 
@@ -112,6 +122,7 @@ impl Impl {
     pub const fn is_baseline(self) -> bool {
         match self {
             Self::Unicast | Self::Tree | Self::Once => true,
+            Self::Xina => false,
         }
     }
 
@@ -119,7 +130,7 @@ impl Impl {
     pub const fn receivers(self, ranks: usize) -> usize {
         match self {
             Self::Once => 1,
-            Self::Unicast | Self::Tree => ranks - 1,
+            Self::Unicast | Self::Tree | Self::Xina => ranks - 1,
         }
     }
 }
@@ -150,7 +161,7 @@ impl Default for BcastBenchSpec {
             sizes: vec![4, 64 << 10, 1 << 20, 64 << 20],
             reps: 5,
             losses: vec![0.0],
-            impls: Impl::BASELINES.to_vec(),
+            impls: Impl::ALL.to_vec(),
             timeout: Duration::from_secs(30),
             seed: 1,
         }
@@ -271,22 +282,42 @@ fn run_on(
     progress: &mut impl FnMut(&str),
 ) -> anyhow::Result<()> {
     // The switch's program on every port, passing the baselines' TCP to the
-    // kernel (its allreduce job is idle here).
-    let config = scenario::star_config(
-        star,
-        &AllreduceSpec {
-            workers: ranks,
-            ..Default::default()
-        },
-    );
+    // kernel, with xina's multicast group of every rank.
+    let group = GroupSpec {
+        give_up: spec.timeout,
+        ..GroupSpec::default()
+    };
     // Detached when dropped, at the end of this function.
-    let _dp = scenario::start_switch(star, &config)?;
+    let mut dp = scenario::start_switch(star, &group::switch_config(star, &group))?;
+    let xina = spec.impls.contains(&Impl::Xina);
+    if xina {
+        dp.install_job(&group::group_spec(star, &group))
+            .context("installing xina's multicast group")?;
+    }
+    let switch = SocketAddrV4::new(star.service_ip(), xina_proto::XINA_UDP_PORT);
+    let members: Vec<Option<(GroupParams, SocketAddrV4)>> = star
+        .workers()
+        .iter()
+        .map(|w| {
+            xina.then(|| {
+                let params = GroupParams {
+                    group: group::GROUP_ID,
+                    rank: u8::try_from(w.rank).expect("at most 64 ranks"),
+                    fan_in: u8::try_from(ranks).expect("at most 64 ranks"),
+                    bytes_per_packet: group.bytes_per_packet,
+                    window: group.window,
+                    switch,
+                };
+                (params, SocketAddrV4::new(w.ip, group::MEMBER_PORT))
+            })
+        })
+        .collect();
     let addrs = mesh_addrs(star.workers().iter().map(|w| w.ip));
     let barrier = Barrier::new(ranks);
     let (to_driver, from_ranks) = mpsc::channel();
     std::thread::scope(|scope| {
         let mut commands = Vec::with_capacity(ranks);
-        for rank in 0..ranks {
+        for (rank, &member) in members.iter().enumerate() {
             let (tx, rx) = mpsc::channel();
             commands.push(tx);
             let (ns, barrier, to_driver, addrs) =
@@ -294,9 +325,9 @@ fn run_on(
             scope.spawn(move || {
                 let failed = to_driver.clone();
                 let timeout = spec.timeout;
-                if let Err(e) =
-                    ns.run(move || rank_loop(rank, addrs, timeout, barrier, &rx, &to_driver))
-                {
+                if let Err(e) = ns.run(move || {
+                    rank_loop(rank, (addrs, member), timeout, barrier, &rx, &to_driver);
+                }) {
                     let _ = failed.send(Message::Ready(rank, Err(format!("{e:#}"))));
                 }
             });
@@ -329,18 +360,36 @@ pub struct Done {
 pub struct RankImpls {
     /// The TCP baselines' connections to every other rank.
     mesh: MeshRank,
+    /// xina's group member, when xina is measured.
+    member: Option<GroupWorker>,
 }
 
 impl RankImpls {
     /// Sets rank `rank` up among `addrs` (one per rank; call in the rank's
-    /// namespace, every rank at about the same time).
+    /// namespace, every rank at about the same time), and binds its group
+    /// member when `member` gives its parameters and address.
     ///
     /// # Errors
-    /// When the rank cannot listen or connect to the others.
-    pub fn setup(rank: usize, addrs: &[SocketAddrV4], timeout: Duration) -> anyhow::Result<Self> {
+    /// When the rank cannot listen or connect to the others, or bind.
+    pub fn setup(
+        rank: usize,
+        addrs: &[SocketAddrV4],
+        member: Option<(GroupParams, SocketAddrV4)>,
+        timeout: Duration,
+    ) -> anyhow::Result<Self> {
         let listener = MeshRank::listen(rank, addrs)?;
         let mesh = MeshRank::connect(rank, addrs, &listener, timeout)?;
-        Ok(Self { mesh })
+        let member = member
+            .map(|(params, bind)| {
+                let config = xina_host::Config {
+                    give_up: timeout,
+                    ..xina_host::Config::default()
+                };
+                GroupWorker::new(params, bind, config)
+                    .with_context(|| format!("binding rank {rank}'s group member"))
+            })
+            .transpose()?;
+        Ok(Self { mesh, member })
     }
 
     /// This rank's part in one broadcast of `data` from `root` by `which`;
@@ -354,6 +403,19 @@ impl RankImpls {
             Impl::Unicast => Algorithm::Unicast,
             Impl::Tree => Algorithm::Tree,
             Impl::Once => Algorithm::Once,
+            Impl::Xina => {
+                let member = self
+                    .member
+                    .as_mut()
+                    .ok_or("xina was not set up on this rank")?;
+                let root = u8::try_from(root).map_err(|_| format!("root {root}"))?;
+                let stats = member.broadcast(root, data).map_err(|e| e.to_string())?;
+                let rank = member.params().rank;
+                return Ok(Done {
+                    received: (rank != root).then(Instant::now),
+                    retransmits: stats.retransmissions,
+                });
+            }
         };
         let c = self
             .mesh
@@ -391,13 +453,13 @@ struct RankResult {
 /// hangs up.
 fn rank_loop(
     rank: usize,
-    addrs: &[SocketAddrV4],
+    (addrs, member): (&[SocketAddrV4], Option<(GroupParams, SocketAddrV4)>),
     timeout: Duration,
     barrier: &Barrier,
     commands: &Receiver<Command>,
     to_driver: &Sender<Message>,
 ) {
-    let mut impls = match RankImpls::setup(rank, addrs, timeout) {
+    let mut impls = match RankImpls::setup(rank, addrs, member, timeout) {
         Ok(impls) => {
             let _ = to_driver.send(Message::Ready(rank, Ok(())));
             impls
@@ -712,8 +774,7 @@ pub fn table(records: &[Record], ranks: usize, loss: f64) -> String {
 }
 
 /// The goals, judged for the first implementation in `records` that is not
-/// a baseline (xina, once it is wired in); without one they say they cannot
-/// be judged.
+/// a baseline (xina); without one they say they cannot be judged.
 pub fn judge_goals(records: &[Record]) -> Vec<Goal> {
     match records
         .iter()
@@ -730,7 +791,7 @@ pub fn judge_goals(records: &[Record]) -> Vec<Goal> {
                 at_least,
                 met: None,
                 detail: "cannot be judged: no xina rows (only the host-based baselines ran; \
-                         xina's broadcast is not wired into this benchmark yet)"
+                         add xina to --impls)"
                     .to_owned(),
             })
             .collect(),

@@ -46,7 +46,7 @@ impl Default for GroupSpec {
 
 /// The switch config of a star with no job: ports and a pool large enough
 /// for a group of every worker.
-fn switch_config(star: &Star, spec: &GroupSpec) -> String {
+pub(crate) fn switch_config(star: &Star, spec: &GroupSpec) -> String {
     let ports: Vec<String> = star
         .ports()
         .iter()

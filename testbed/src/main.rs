@@ -176,7 +176,7 @@ struct BenchBcastArgs {
     loss: Vec<f64>,
     /// Implementations, in table order.
     #[arg(long, value_enum, value_delimiter = ',',
-          default_values_t = bcast_bench::Impl::BASELINES)]
+          default_values_t = bcast_bench::Impl::ALL)]
     impls: Vec<bcast_bench::Impl>,
     /// Seconds a rank waits for a peer that does not move before failing.
     #[arg(long, default_value_t = 30.0)]

@@ -1,6 +1,6 @@
-//! `bench bcast`'s code path at small sizes (root needed): it measures every
-//! baseline at every size and loss and writes records with the fields plots
-//! and comparisons read. Nothing here looks at the timings' values beyond
+//! `bench bcast`'s code path at small sizes (root needed): it measures xina
+//! and every baseline at every size and loss and writes records with the
+//! fields plots and comparisons read. Nothing here looks at the timings' values beyond
 //! their being positive and consistent with each other.
 
 use xina_testbed::bcast_bench::{BcastBenchSpec, Impl, judge_goals, run, table};
@@ -15,11 +15,11 @@ fn bench_bcast_records_carry_every_field() {
         ..Default::default()
     };
     let records = run(&spec, |line| eprintln!("{line}")).expect("bench runs");
-    assert_eq!(records.len(), 3 * 3 * 2, "impl x size x loss");
+    assert_eq!(records.len(), 4 * 3 * 2, "impl x size x loss");
     let json = serde_json::to_value(&records).expect("records serialise");
     for loss in [0.0, 1.0] {
         for bytes in [4u64, 1001, 65_536] {
-            for implementation in Impl::BASELINES.map(Impl::name) {
+            for implementation in Impl::ALL.map(Impl::name) {
                 let matching: Vec<_> = json
                     .as_array()
                     .unwrap()
@@ -58,12 +58,26 @@ fn bench_bcast_records_carry_every_field() {
             "{text}"
         );
         // A header and one row per size and implementation.
-        assert_eq!(text.lines().count(), 1 + 3 * 3, "{text}");
+        assert_eq!(text.lines().count(), 1 + 4 * 3, "{text}");
+        assert!(text.contains("xina"), "{text}");
     }
-    // No xina rows: the goals cannot be judged and say so.
+    // xina ran, but not at the goals' point (8 ranks, 64 MiB): the goals
+    // say what they need.
     let goals = judge_goals(&records);
     assert_eq!(goals.len(), 2);
     for g in &goals {
+        assert!(
+            g.met.is_none() && g.detail.contains("not measured"),
+            "{g:?}"
+        );
+    }
+    // Without xina they cannot be judged at all.
+    let baselines: Vec<_> = records
+        .iter()
+        .filter(|r| r.implementation != Impl::Xina)
+        .cloned()
+        .collect();
+    for g in judge_goals(&baselines) {
         assert!(
             g.met.is_none() && g.detail.contains("cannot be judged"),
             "{g:?}"
