@@ -272,13 +272,20 @@ fn classify(f: &[u8], jobs: &[JobSpec; 2]) -> (Fate, Option<u32>) {
     if f[X + field::MAGIC] != MAGIC || f[X + field::VERSION] != VERSION {
         return drop(Counter::DropBadHeader);
     }
-    if f[X + field::KIND] != Kind::AggData as u8 {
+    let kind = f[X + field::KIND];
+    // Multicast kinds go to the group program, which looks the job up
+    // first and refuses them for an aggregation job (every job here is one).
+    let group_kind = kind == Kind::McastData as u8 || kind == Kind::McastAck as u8;
+    if kind != Kind::AggData as u8 && !group_kind {
         return drop(Counter::DropUnsupportedKind);
     }
     let id = be32(f, X + field::JOB.start);
     let Some(job) = jobs.iter().find(|j| j.id == id) else {
         return drop(Counter::DropUnknownJob);
     };
+    if group_kind {
+        return drop(Counter::DropUnsupportedKind);
+    }
     let on = |c| (Fate::Drop(c), Some(id));
     let rank = f[X + field::RANK];
     if rank >= fan_in(job) {
