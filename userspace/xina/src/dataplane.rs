@@ -1534,12 +1534,11 @@ impl Dataplane {
             let jobs: HashMap<&MapData, u32, Job> = map_ref(&self.maps, names::JOBS)?;
             jobs.get(&job, 0).map_err(read(names::JOBS))?
         };
-        let bit = 1u64 << rank;
-        if down {
-            job_value.all_ranks &= !bit;
-        } else {
-            job_value.all_ranks |= bit;
-        }
+        // The receivers that are up, as installing the changed spec would
+        // compute them (a sender never receives, up or down).
+        let mut changed = spec.clone();
+        changed.members[usize::from(rank)].down = down;
+        job_value.all_ranks = changed.all_ranks();
         let flag = |mut m: Member| {
             if down {
                 m.flags |= member_flags::DOWN;

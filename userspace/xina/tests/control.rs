@@ -814,9 +814,9 @@ fn anycast_members_go_down_and_up() {
             xina_proto::DType::Bytes as u8,
             1440,
             0,
-            0b101
+            0b100
         ),
-        "rank 1 is down: not a receiver"
+        "rank 0 sends and rank 1 is down: only rank 2 receives"
     );
     let flags: Vec<u8> = (0..3).map(|r| member_flags(&dump, 3, r)).collect();
     assert_eq!(flags, [SENDER, DOWN, 0]);
@@ -832,21 +832,22 @@ fn anycast_members_go_down_and_up() {
 
     // Down and up: the receivers and the flags after each step.
     let steps: [(&str, &str, &str, u64, [u8; 3]); 5] = [
-        ("up", "1", "job 3 rank 1 is up", 0b111, [SENDER, 0, 0]),
+        ("up", "1", "job 3 rank 1 is up", 0b110, [SENDER, 0, 0]),
         (
             "down",
             "2",
             "job 3 rank 2 is down",
-            0b011,
+            0b010,
             [SENDER, 0, DOWN],
         ),
         (
             "down",
             "2",
             "job 3 rank 2 was already down",
-            0b011,
+            0b010,
             [SENDER, 0, DOWN],
         ),
+        // A sender never receives, up or down.
         (
             "down",
             "0",
@@ -854,7 +855,7 @@ fn anycast_members_go_down_and_up() {
             0b010,
             [SENDER | DOWN, 0, DOWN],
         ),
-        ("up", "0", "job 3 rank 0 is up", 0b011, [SENDER, 0, DOWN]),
+        ("up", "0", "job 3 rank 0 is up", 0b010, [SENDER, 0, DOWN]),
     ];
     for (verb, rank, said, receivers, want) in steps {
         let out = sw.ok(&["job", verb, "3", rank]);
