@@ -858,10 +858,13 @@ fn check_job(
                 format!("no sender ({name} group needs a member with sender = true)"),
             ));
         }
-        if job.members.iter().all(|m| m.down) {
+        // In a multicast group senders receive each other's chunks; in an
+        // anycast group they never receive.
+        if job.mode == Mode::Anycast && !job.members.iter().any(|m| !m.sender && !m.down) {
             return Err(err(
                 at("members"),
-                format!("every member is down ({name} group needs a member that is up to receive)"),
+                "no receiver: every member is a sender or down (an anycast group needs a member \
+                 that is up and not a sender; senders never receive)",
             ));
         }
     }
@@ -1273,11 +1276,9 @@ interface = "sp2"
                 "jobs[2].members: no sender (an anycast group needs a member with sender = true)",
             ),
             (
-                vec![
-                    ("port = 7000".into(), "port = 7000\ndown = true".into()),
-                    ("port = 7002".into(), "port = 7002\ndown = true".into()),
-                ],
-                "jobs[2].members: every member is down (an anycast group needs a member that is up",
+                // Rank 1 is down already; rank 0 is up but sends.
+                vec![("port = 7002".into(), "port = 7002\ndown = true".into())],
+                "jobs[2].members: no receiver: every member is a sender or down",
             ),
             (
                 vec![("port = 7001".into(), "port = 7001\nsender = \"yes\"".into())],
@@ -1364,12 +1365,15 @@ interface = "sp2"
                 .field,
             "window"
         );
-        // One member, up and a sender, is enough for anycast.
+        // One member, up and a sender, is not enough for anycast: senders
+        // never receive.
         let one = JobFile::parse(
             "id = 6\nmode = \"anycast\"\n[[members]]\nrank = 0\nip = \"10.77.0.1\"\nport = 6000\nmac = \"02:00:00:00:00:01\"\ninterface = \"sp0\"\nsender = true\n",
         )
         .unwrap();
-        one.check(0, &ports, 64, |_, _| None).unwrap();
+        let e = one.check(0, &ports, 64, |_, _| None).unwrap_err();
+        assert_eq!(e.field, "members");
+        assert!(e.message.starts_with("no receiver"), "{e:?}");
     }
 
     #[test]

@@ -108,7 +108,7 @@ fn check_shows_groups_and_names_their_bad_keys() {
         member(0, 6000, "sender = true"),
         member(1, 6000, ""),
         member(0, 7000, "sender = true"),
-        member(1, 7000, "down = true"),
+        member(1, 7000, ""),
     );
     let file = write_config(&text);
     let out = Command::new(XINA)
