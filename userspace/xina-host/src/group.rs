@@ -59,6 +59,10 @@ use xina_proto::{
 use crate::engine::{Config, MAX_WINDOW, RttEstimator, Stats};
 use crate::error::{Error, GroupStall, SeqList};
 
+/// How many chunks after an open one must complete before the open one is
+/// retransmitted without waiting for its timeout.
+pub const REORDER_CHUNKS: u32 = 3;
+
 /// Most future datagrams a member keeps for calls it has not started.
 pub const STASH_LIMIT: usize = 8192;
 
@@ -209,6 +213,9 @@ struct Stream {
     deadline: Vec<Option<Instant>>,
     /// Sender: next chunk never sent.
     next: u32,
+    /// Sender: chunks below this one have been looked at for early
+    /// retransmission.
+    early_from: u32,
     /// Chunks in state `DONE`.
     done: u32,
     /// Receiver: chunks held.
@@ -239,6 +246,7 @@ impl Stream {
             sent_at: vec![None; n],
             deadline: vec![None; n],
             next: 0,
+            early_from: 0,
             done: 0,
             held: 0,
             report: None,
@@ -700,6 +708,32 @@ impl<'d> GroupEngine<'d> {
         {
             self.rtt.sample(now.saturating_duration_since(sent));
         }
+        if mine {
+            self.retransmit_early(si, i);
+        }
+    }
+
+    /// Chunk `acked` of this member's own stream is done: a chunk sent
+    /// [`REORDER_CHUNKS`] or more before it and still open after its first
+    /// transmission is taken as lost and goes again now, without waiting for
+    /// its timeout (like TCP's duplicate-acknowledgement threshold: every
+    /// receiver handles a sender's chunks in order, so a later chunk
+    /// completing means an earlier one's data or acknowledgement went
+    /// missing). Each chunk is looked at once.
+    fn retransmit_early(&mut self, si: usize, acked: u32) {
+        let s = &mut self.streams[si];
+        let Some(end) = acked.checked_sub(REORDER_CHUNKS - 1) else {
+            return;
+        };
+        for i in s.early_from..end {
+            let idx = i as usize;
+            if s.state[idx] == chunk::OPEN && s.tries[idx] == 1 && s.deadline[idx].is_some() {
+                // Cancels its timer; re-armed when it goes out again.
+                s.deadline[idx] = None;
+                self.resend.push_back(i);
+            }
+        }
+        s.early_from = s.early_from.max(end);
     }
 
     fn arm_probe(&mut self, si: usize, now: Instant, every: Duration) {
@@ -864,5 +898,92 @@ impl<'d> GroupEngine<'d> {
             self.stats.elapsed = now.saturating_duration_since(self.started);
             self.outcome = Some(Ok(self.stats));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn params(rank: u8) -> GroupParams {
+        GroupParams {
+            group: 4,
+            rank,
+            fan_in: 3,
+            bytes_per_packet: 10,
+            window: 8,
+            switch: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1),
+        }
+    }
+
+    /// The switch's aggregated acknowledgement of `seq` from root 0.
+    fn complete(seq: u32) -> Vec<u8> {
+        let (slot, slot_version) = params(0).slot(0, seq);
+        let repr = Repr {
+            kind: Kind::McastAck,
+            flags: Flags::default(),
+            job: 4,
+            rank: 1,
+            fan_in: 3,
+            op: Op::Sum,
+            dtype: DType::Bytes,
+            seq,
+            slot,
+            slot_version,
+            count: 0,
+            exponent: 0,
+            root: 0,
+            bitmap: 0b110,
+        };
+        let mut buf = vec![0; HEADER_LEN];
+        repr.emit(&mut Packet::new_unchecked(&mut buf[..]));
+        buf
+    }
+
+    fn sent(engine: &mut GroupEngine<'_>, now: Instant) -> Vec<(u32, Flags)> {
+        let mut buf = [0u8; 2048];
+        let mut out = Vec::new();
+        while let Some(len) = engine.poll_transmit(now, &mut buf) {
+            let p = Packet::new_checked(&buf[..len]).unwrap();
+            out.push((p.seq(), p.flags()));
+        }
+        out
+    }
+
+    #[test]
+    fn a_chunk_three_behind_completed_ones_goes_again_before_its_timeout() {
+        let now = Instant::now();
+        let mut data = vec![7u8; 200];
+        let mut root = GroupEngine::new(
+            params(0),
+            Config::default(),
+            GroupCollective::Broadcast { root: 0 },
+            &mut data,
+            GroupState::default(),
+            now,
+        )
+        .unwrap();
+        let first: Vec<u32> = sent(&mut root, now).iter().map(|s| s.0).collect();
+        assert_eq!(first, (0..8).collect::<Vec<_>>(), "a window of 8");
+        // Chunks 1 and 2 complete: not yet enough to give chunk 0 up, and
+        // chunk 8 (in chunk 0's slot) waits for it.
+        for seq in [1, 2] {
+            root.handle_packet(now, &complete(seq));
+        }
+        assert_eq!(sent(&mut root, now), []);
+        // The third chunk after it completes: chunk 0 goes again at once.
+        root.handle_packet(now, &complete(3));
+        assert_eq!(sent(&mut root, now), [(0, Flags(Flags::RETRANSMIT))]);
+        assert_eq!(root.stats().retransmissions, 1);
+        // Only once: more completions do not resend it again.
+        root.handle_packet(now, &complete(4));
+        assert_eq!(sent(&mut root, now), []);
+        // Once it completes, the chunks waiting for its slot and the
+        // following ones go out.
+        root.handle_packet(now, &complete(0));
+        let next: Vec<u32> = sent(&mut root, now).iter().map(|s| s.0).collect();
+        assert_eq!(next, [8, 9, 10, 11, 12]);
+        assert!(root.poll_timeout().unwrap() > now);
     }
 }
