@@ -221,11 +221,13 @@ fn bench_bcast(args: &BenchBcastArgs) -> anyhow::Result<bool> {
         }
     }
     println!(
-        "time: per broadcast, first rank out of the barrier to the slowest receiver's last byte; \
-         algbw = size/time (GB/s = 1e9 B/s; busbw = algbw);\nretx: TCP retransmitted segments \
-         summed over ranks and broadcasts; x unicast = unicast time / time (algbw relative to \
+        "time: per broadcast, first rank out of the barrier to the slowest receiver's last byte \
+         (xina: its broadcast call's return); algbw = size/time (GB/s = 1e9 B/s; busbw = \
+         algbw);\nretx: TCP retransmitted segments (xina: chunks the roots sent again) summed \
+         over ranks and broadcasts; x unicast = unicast time / time (algbw relative to \
          unicast in the same run);\nunicast: root sends to every rank, concurrently; tree: \
-         binomial, pipelined forwarding; once: root to one rank (the multicast bound)\n"
+         binomial, pipelined forwarding; once: root to one rank (the multicast bound); xina: \
+         reliable broadcast through a multicast group on the XDP switch\n"
     );
     let goals = bcast_bench::judge_goals(&records);
     println!("goals:");
