@@ -277,6 +277,36 @@ impl Stream {
     }
 }
 
+/// The timeout after `doublings` unanswered sends: the estimate's, doubled
+/// that many times, at most `max_rto`.
+fn backoff(rtt: &RttEstimator, config: &Config, doublings: u8) -> Duration {
+    rtt.rto(config)
+        .saturating_mul(1 << u32::from(doublings).min(16))
+        .min(config.max_rto)
+}
+
+/// A member's header for chunk `seq` of `root`'s stream (its slot and copy
+/// follow from them).
+fn header(p: &GroupParams, kind: Kind, flags: u8, root: u8, seq: u32, count: u16) -> Repr {
+    let (slot, slot_version) = p.slot(root, seq);
+    Repr {
+        kind,
+        flags: Flags(flags),
+        job: p.group,
+        rank: p.rank,
+        fan_in: p.fan_in,
+        op: Op::Sum,
+        dtype: DType::Bytes,
+        seq,
+        slot,
+        slot_version,
+        count,
+        exponent: 0,
+        root,
+        bitmap: 0,
+    }
+}
+
 /// A timer: when, which stream, which chunk (or [`PROBE`]).
 type Timer = Reverse<(Instant, usize, u32)>;
 
@@ -490,7 +520,6 @@ impl<'d> GroupEngine<'d> {
         let bpp = usize::from(p.bytes_per_packet);
         let s = &mut self.streams[own];
         let seq = s.seq(i);
-        let (slot, slot_version) = p.slot(p.rank, seq);
         let range = s.bytes(i, bpp);
         let idx = i as usize;
         let mut flags = 0;
@@ -503,30 +532,11 @@ impl<'d> GroupEngine<'d> {
         s.tries[idx] = s.tries[idx].saturating_add(1);
         s.sent_at[idx] = Some(now);
         s.state[idx] = chunk::OPEN;
-        let backoff = u32::from(s.tries[idx] - 1).min(16);
-        let rto = self
-            .rtt
-            .rto(&self.config)
-            .saturating_mul(1 << backoff)
-            .min(self.config.max_rto);
+        let rto = backoff(&self.rtt, &self.config, s.tries[idx] - 1);
         s.deadline[idx] = Some(now + rto);
         self.timers.push(Reverse((now + rto, own, i)));
-        let repr = Repr {
-            kind: Kind::McastData,
-            flags: Flags(flags),
-            job: p.group,
-            rank: p.rank,
-            fan_in: p.fan_in,
-            op: Op::Sum,
-            dtype: DType::Bytes,
-            seq,
-            slot,
-            slot_version,
-            count: u16::try_from(range.len()).expect("at most bytes_per_packet"),
-            exponent: 0,
-            root: p.rank,
-            bitmap: 0,
-        };
+        let count = u16::try_from(range.len()).expect("at most bytes_per_packet");
+        let repr = header(&p, Kind::McastData, flags, p.rank, seq, count);
         let len = repr.buffer_len();
         let mut packet = Packet::new_unchecked(&mut buf[..len]);
         repr.emit(&mut packet);
@@ -537,24 +547,7 @@ impl<'d> GroupEngine<'d> {
     }
 
     fn write_ack(&mut self, root: u8, seq: u32, buf: &mut [u8]) -> usize {
-        let p = self.params;
-        let (slot, slot_version) = p.slot(root, seq);
-        let repr = Repr {
-            kind: Kind::McastAck,
-            flags: Flags::default(),
-            job: p.group,
-            rank: p.rank,
-            fan_in: p.fan_in,
-            op: Op::Sum,
-            dtype: DType::Bytes,
-            seq,
-            slot,
-            slot_version,
-            count: 0,
-            exponent: 0,
-            root,
-            bitmap: 0,
-        };
+        let repr = header(&self.params, Kind::McastAck, 0, root, seq, 0);
         repr.emit(&mut Packet::new_unchecked(&mut buf[..HEADER_LEN]));
         self.stats.packets_sent += 1;
         self.stats.bytes_sent += HEADER_LEN as u64;
@@ -803,12 +796,7 @@ impl<'d> GroupEngine<'d> {
                 let seq = s.seq(i);
                 s.tries[idx] = s.tries[idx].saturating_add(1);
                 s.sent_at[idx] = Some(now);
-                let backoff = u32::from(s.tries[idx]).min(16);
-                let rto = self
-                    .rtt
-                    .rto(&self.config)
-                    .saturating_mul(1 << backoff)
-                    .min(self.config.max_rto);
+                let rto = backoff(&self.rtt, &self.config, s.tries[idx]);
                 s.deadline[idx] = Some(now + rto);
                 self.timers.push(Reverse((now + rto, si, i)));
                 let root = s.root;

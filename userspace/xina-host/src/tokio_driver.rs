@@ -17,10 +17,10 @@ use xina_proto::DType;
 use crate::call::{Scalar, Step, StepData, StepOutcome};
 use crate::engine::{Collective, Config, Element, Engine, RttEstimator, Stats};
 use crate::error::Error;
-use crate::group::{GroupCollective, GroupEngine, GroupParams, GroupState};
+use crate::group::{GroupCollective, GroupParams};
 use crate::udp::{
-    Core, JobParams, MAX_WAIT, RxBatch, SansIo, Socket, TxQueue, bind_group_socket, group_io_error,
-    no_buffer_space, run_plan,
+    Core, GroupCore, JobParams, MAX_WAIT, RxBatch, SansIo, Socket, TxQueue, bind_group_socket,
+    group_io_error, no_buffer_space, run_plan,
 };
 
 /// A worker of one job driven by tokio; see [`Worker`](crate::Worker) for
@@ -228,11 +228,7 @@ async fn drive<E: SansIo>(
 /// is the same here.
 #[derive(Debug)]
 pub struct AsyncGroupWorker {
-    params: GroupParams,
-    config: Config,
-    state: Option<GroupState>,
-    tx: TxQueue,
-    rx: RxBatch,
+    core: GroupCore,
     socket: AsyncFd<Socket>,
 }
 
@@ -249,18 +245,14 @@ impl AsyncGroupWorker {
         let socket = unsafe { AsyncFd::register(socket) }
             .map_err(|e| group_io_error(&params, "registering the socket with tokio", e.into()))?;
         Ok(Self {
-            params,
-            config,
-            state: Some(GroupState::default()),
-            tx: TxQueue::new(),
-            rx: RxBatch::new(),
+            core: GroupCore::new(params, config),
             socket,
         })
     }
 
     /// The parameters the worker was created with.
     pub const fn params(&self) -> &GroupParams {
-        &self.params
+        &self.core.params
     }
 
     /// The address the worker's socket is bound to.
@@ -268,9 +260,7 @@ impl AsyncGroupWorker {
     /// # Errors
     /// [`Error::Io`] if the socket cannot tell.
     pub fn local_addr(&self) -> Result<SocketAddrV4, Error> {
-        self.socket
-            .get_ref()
-            .local_addr_or(|action, source| group_io_error(&self.params, action, source))
+        self.socket.get_ref().local_addr_or(self.core.io_error())
     }
 
     /// See [`GroupWorker::broadcast`](crate::GroupWorker::broadcast).
@@ -290,33 +280,19 @@ impl AsyncGroupWorker {
     }
 
     async fn run(&mut self, collective: GroupCollective, data: &mut [u8]) -> Result<Stats, Error> {
-        let state = self.state.take().unwrap_or_default();
-        let mut engine = match GroupEngine::new(
-            self.params,
-            self.config,
-            collective,
-            data,
-            state.clone(),
-            Instant::now(),
-        ) {
-            Ok(engine) => engine,
-            Err(e) => {
-                self.state = Some(state);
-                return Err(e);
-            }
-        };
-        let params = self.params;
+        let core = &mut self.core;
+        let mut engine = core.engine(collective, data)?;
+        let io_error = core.io_error();
         let outcome = drive(
             &mut self.socket,
-            &mut self.tx,
-            &mut self.rx,
-            self.config.give_up,
+            &mut core.tx,
+            &mut core.rx,
+            core.config.give_up,
             &mut engine,
-            |action, source| group_io_error(&params, action, source),
+            io_error,
         )
         .await;
-        self.tx.clear();
-        self.state = Some(engine.into_state());
+        core.finish(engine);
         outcome
     }
 }

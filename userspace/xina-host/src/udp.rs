@@ -532,12 +532,63 @@ fn drive<E: SansIo>(
 /// fails. See [`crate::group`] for the protocol.
 #[derive(Debug)]
 pub struct GroupWorker {
-    params: GroupParams,
-    config: Config,
-    state: Option<GroupState>,
-    tx: TxQueue,
-    rx: RxBatch,
+    core: GroupCore,
     socket: Socket,
+}
+
+/// What a group member keeps from call to call, whatever drives its socket.
+#[derive(Debug)]
+pub(crate) struct GroupCore {
+    pub(crate) params: GroupParams,
+    pub(crate) config: Config,
+    state: Option<GroupState>,
+    pub(crate) tx: TxQueue,
+    pub(crate) rx: RxBatch,
+}
+
+impl GroupCore {
+    pub(crate) fn new(params: GroupParams, config: Config) -> Self {
+        Self {
+            params,
+            config,
+            state: Some(GroupState::default()),
+            tx: TxQueue::new(),
+            rx: RxBatch::new(),
+        }
+    }
+
+    /// The engine of one call, starting where the previous call ended; a
+    /// call refused before it starts changes nothing.
+    pub(crate) fn engine<'d>(
+        &mut self,
+        collective: GroupCollective,
+        data: &'d mut [u8],
+    ) -> Result<GroupEngine<'d>, Error> {
+        let state = self.state.take().unwrap_or_default();
+        let kept = state.clone();
+        GroupEngine::new(
+            self.params,
+            self.config,
+            collective,
+            data,
+            state,
+            Instant::now(),
+        )
+        .inspect_err(|_| self.state = Some(kept))
+    }
+
+    /// Keeps what the next call needs from a finished engine.
+    pub(crate) fn finish(&mut self, engine: GroupEngine<'_>) {
+        // A failed send leaves datagrams of this call queued; no later call
+        // may send them.
+        self.tx.clear();
+        self.state = Some(engine.into_state());
+    }
+
+    pub(crate) fn io_error(&self) -> impl Fn(&'static str, io::Error) -> Error + use<> {
+        let params = self.params;
+        move |action, source| group_io_error(&params, action, source)
+    }
 }
 
 impl GroupWorker {
@@ -550,18 +601,14 @@ impl GroupWorker {
     pub fn new(params: GroupParams, bind: SocketAddrV4, config: Config) -> Result<Self, Error> {
         let socket = bind_group_socket(&params, bind, &config)?;
         Ok(Self {
-            params,
-            config,
-            state: Some(GroupState::default()),
-            tx: TxQueue::new(),
-            rx: RxBatch::new(),
+            core: GroupCore::new(params, config),
             socket,
         })
     }
 
     /// The parameters the worker was created with.
     pub const fn params(&self) -> &GroupParams {
-        &self.params
+        &self.core.params
     }
 
     /// The address the worker's socket is bound to (the address the switch
@@ -570,8 +617,7 @@ impl GroupWorker {
     /// # Errors
     /// [`Error::Io`] if the socket cannot tell.
     pub fn local_addr(&self) -> Result<SocketAddrV4, Error> {
-        self.socket
-            .local_addr_or(|action, source| group_io_error(&self.params, action, source))
+        self.socket.local_addr_or(self.core.io_error())
     }
 
     /// Copies `root`'s `data` into every member's `data` (the same length on
@@ -595,34 +641,18 @@ impl GroupWorker {
     }
 
     fn run(&mut self, collective: GroupCollective, data: &mut [u8]) -> Result<Stats, Error> {
-        let state = self.state.take().unwrap_or_default();
-        let mut engine = match GroupEngine::new(
-            self.params,
-            self.config,
-            collective,
-            data,
-            state.clone(),
-            Instant::now(),
-        ) {
-            Ok(engine) => engine,
-            Err(e) => {
-                self.state = Some(state);
-                return Err(e);
-            }
-        };
-        let params = self.params;
+        let core = &mut self.core;
+        let mut engine = core.engine(collective, data)?;
+        let io_error = core.io_error();
         let outcome = drive(
             &mut self.socket,
-            &mut self.tx,
-            &mut self.rx,
-            self.config.give_up,
+            &mut core.tx,
+            &mut core.rx,
+            core.config.give_up,
             &mut engine,
-            |action, source| group_io_error(&params, action, source),
+            io_error,
         );
-        // A failed send leaves datagrams of this call queued; no later call
-        // may send them.
-        self.tx.clear();
-        self.state = Some(engine.into_state());
+        core.finish(engine);
         outcome
     }
 }
