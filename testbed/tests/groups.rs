@@ -283,6 +283,21 @@ fn anycast_spreads_flows_evenly_and_skips_a_member_marked_down() {
                 .run(|| UdpSocket::bind(SocketAddrV4::new(w.ip, MEMBER_PORT)))
                 .unwrap()
                 .unwrap();
+            // A buffer that holds every datagram of a round, so a reader
+            // thread that is not scheduled for a while loses nothing (root
+            // may exceed rmem_max with SO_RCVBUFFORCE).
+            let size: libc::c_int = 16 << 20;
+            // SAFETY: a valid socket and a pointer to a c_int of that length.
+            let rc = unsafe {
+                libc::setsockopt(
+                    std::os::fd::AsRawFd::as_raw_fd(&s),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVBUFFORCE,
+                    (&raw const size).cast(),
+                    size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(rc, 0, "SO_RCVBUFFORCE");
             s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
             s
         })
