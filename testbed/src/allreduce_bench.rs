@@ -538,7 +538,7 @@ impl Driver<'_> {
     ) -> anyhow::Result<()> {
         self.wait_ready()?;
         for &loss in &self.spec.losses {
-            let links = self.attach_loss(loss)?;
+            let links = attach_loss(self.star, loss)?;
             for &bytes in &self.spec.sizes {
                 let count = bytes / 4;
                 let inputs: Vec<Arc<Vec<i32>>> = (0..self.workers)
@@ -600,23 +600,6 @@ impl Driver<'_> {
             bail!("setting up the ranks: {}", failed.join("; "));
         }
         Ok(())
-    }
-
-    fn attach_loss(&self, loss: f64) -> anyhow::Result<Vec<LossyLink>> {
-        if loss == 0.0 {
-            return Ok(Vec::new());
-        }
-        // Percent to parts per million; validated below 100%.
-        let drop_ppm = (loss * 10_000.0).round() as u32;
-        let rates = crate::lossy::rates(drop_ppm, 0, 0, false);
-        self.star
-            .workers()
-            .iter()
-            .map(|w| {
-                LossyLink::attach(w.ns(), &w.iface, rates, rates, "1mbit")
-                    .with_context(|| format!("lossy link on worker {}", w.rank))
-            })
-            .collect()
     }
 
     /// One repetition of `which` on every rank.
@@ -711,8 +694,26 @@ pub fn busbw(algbw: f64, n: usize) -> f64 {
     algbw * 2.0 * (n as f64 - 1.0) / n as f64
 }
 
+/// Lossy links dropping `loss` percent of all frames, both directions, on
+/// every worker interface of `star`; none at 0. Shared by the benchmarks.
+pub(crate) fn attach_loss(star: &Star, loss: f64) -> anyhow::Result<Vec<LossyLink>> {
+    if loss == 0.0 {
+        return Ok(Vec::new());
+    }
+    // Percent to parts per million; validated below 100%.
+    let drop_ppm = (loss * 10_000.0).round() as u32;
+    let rates = crate::lossy::rates(drop_ppm, 0, 0, false);
+    star.workers()
+        .iter()
+        .map(|w| {
+            LossyLink::attach(w.ns(), &w.iface, rates, rates, "1mbit")
+                .with_context(|| format!("lossy link on worker {}", w.rank))
+        })
+        .collect()
+}
+
 /// What all lossy links saw and dropped so far, both directions.
-fn link_counts(links: &[LossyLink]) -> anyhow::Result<Counts> {
+pub(crate) fn link_counts(links: &[LossyLink]) -> anyhow::Result<Counts> {
     let mut sum = Counts::default();
     for link in links {
         for dir in [

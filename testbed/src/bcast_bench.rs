@@ -68,11 +68,11 @@ use anyhow::{Context as _, bail, ensure};
 use serde::Serialize;
 
 use crate::{
-    allreduce_bench::{format_size, iters_for},
+    allreduce_bench::{attach_loss, format_size, iters_for, link_counts},
     bcast::{Algorithm, MeshRank, mesh_addrs, payload},
     bench::{Machine, median},
     group::{self, GroupSpec},
-    lossy::{Counts, LossyLink},
+    lossy::Counts,
     scenario,
     topology::Star,
 };
@@ -685,40 +685,6 @@ impl Driver<'_> {
             frames_dropped: frames.dropped,
         }
     }
-}
-
-/// Lossy links dropping `loss` percent of all frames, both directions, on
-/// every worker interface of `star`; none at 0.
-fn attach_loss(star: &Star, loss: f64) -> anyhow::Result<Vec<LossyLink>> {
-    if loss == 0.0 {
-        return Ok(Vec::new());
-    }
-    // Percent to parts per million; validated below 100%.
-    let drop_ppm = (loss * 10_000.0).round() as u32;
-    let rates = crate::lossy::rates(drop_ppm, 0, 0, false);
-    star.workers()
-        .iter()
-        .map(|w| {
-            LossyLink::attach(w.ns(), &w.iface, rates, rates, "1mbit")
-                .with_context(|| format!("lossy link on worker {}", w.rank))
-        })
-        .collect()
-}
-
-/// What all lossy links saw and dropped so far, both directions.
-fn link_counts(links: &[LossyLink]) -> anyhow::Result<Counts> {
-    let mut sum = Counts::default();
-    for link in links {
-        for dir in [
-            xina_proto::lossy::direction::EGRESS,
-            xina_proto::lossy::direction::INGRESS,
-        ] {
-            let c = link.counts(dir)?;
-            sum.seen += c.seen;
-            sum.dropped += c.dropped;
-        }
-    }
-    Ok(sum)
 }
 
 fn find(records: &[Record], which: Impl, ranks: usize, bytes: usize, loss: f64) -> Option<&Record> {

@@ -11,7 +11,7 @@ use xina::{Counters, Dataplane, JobSpec, MemberSpec, dataplane::Mode};
 use xina_host::{Config, GroupParams, GroupWorker, Stats};
 use xina_proto::{DType, Op, XINA_UDP_PORT};
 
-use crate::lossy::{Counts, LossyLink};
+use crate::lossy::LossyLink;
 use crate::scenario::{self, Loss};
 use crate::topology::Star;
 
@@ -221,22 +221,12 @@ impl<'s> GroupRig<'s> {
         Ok(self.dp.member_packets(GROUP_ID)?)
     }
 
-    /// Frames each lossy link dropped so far, both directions together.
+    /// Frames the lossy links dropped so far, all links and both directions.
     ///
     /// # Errors
     /// When a link's counters cannot be read.
     pub fn dropped(&self) -> anyhow::Result<u64> {
-        let mut total = 0;
-        for link in &self.links {
-            for dir in [
-                xina_proto::lossy::direction::EGRESS,
-                xina_proto::lossy::direction::INGRESS,
-            ] {
-                let c: Counts = link.counts(dir)?;
-                total += c.dropped;
-            }
-        }
-        Ok(total)
+        Ok(crate::allreduce_bench::link_counts(&self.links)?.dropped)
     }
 
     /// Broadcasts `data` from `root` to every other rank.
@@ -400,8 +390,8 @@ fn run_victim(
 ) -> anyhow::Result<String> {
     let w = star.worker(victim.rank);
     let switch = SocketAddrV4::new(star.service_ip(), XINA_UDP_PORT);
-    let mut child = std::process::Command::new("ip")
-        .args(["netns", "exec", w.ns().name()])
+    let mut cmd = std::process::Command::new("ip");
+    cmd.args(["netns", "exec", w.ns().name()])
         .arg(&victim.exe)
         .args([
             "group-member",
@@ -421,45 +411,14 @@ fn run_victim(
             &switch.to_string(),
             "--bind",
             &SocketAddrV4::new(w.ip, MEMBER_PORT).to_string(),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {}", victim.exe.display()))?;
-    let mut line = String::new();
-    if let Some(out) = child.stdout.take() {
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line)
-            .context("reading the member process's output")?;
-    }
-    ready();
-    if line.trim() != "ready" {
-        let _ = child.kill();
-        let status = child.wait().context("reaping the member process")?;
-        bail!("rank {} did not start: {status}", victim.rank);
-    }
-    let deadline = Instant::now() + spec.give_up * 4;
-    let copies = loop {
-        let copies = dp.member_packets(GROUP_ID)?[victim.rank];
-        if copies >= victim.after_copies {
-            break copies;
-        }
-        if let Some(status) = child.try_wait().context("polling the member process")? {
-            bail!(
-                "rank {} ended by itself before it was killed: {status}",
-                victim.rank
-            );
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!(
-                "rank {} got {copies} of {} copies before the deadline",
-                victim.rank,
-                victim.after_copies
-            );
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
-    child.kill().context("killing the member process")?;
-    let status = child.wait().context("reaping the member process")?;
-    Ok(format!("killed after {copies} copies ({status})"))
+        ]);
+    let copies = || Ok(dp.member_packets(GROUP_ID)?[victim.rank]);
+    scenario::kill_when(
+        cmd,
+        &format!("rank {}", victim.rank),
+        ready,
+        copies,
+        (victim.after_copies, "copies had arrived"),
+        spec.give_up * 4,
+    )
 }

@@ -1048,76 +1048,85 @@ fn run_and_kill(
     ready: impl FnOnce(),
     completed: impl Fn() -> anyhow::Result<u64>,
 ) -> anyhow::Result<String> {
-    let mut child = std::process::Command::new("ip")
-        .args(["netns", "exec", ns.name()])
-        .arg(&kill.exe)
-        .args([
-            "worker",
-            "--rank",
-            &kill.rank.to_string(),
-            "--workers",
-            &spec.workers.to_string(),
-            "--elements",
-            &spec.elements.to_string(),
-            "--elems-per-packet",
-            &spec.elems_per_packet.to_string(),
-            "--slots",
-            &spec.slots.to_string(),
-            "--seed",
-            &spec.seed.to_string(),
-            "--type",
-            match spec.dtype {
-                ElementType::Int32 => "int32",
-                ElementType::Float32 => "float32",
-            },
-            "--switch",
-            &switch.to_string(),
-            "--bind",
-            &bind.to_string(),
-        ])
+    let mut cmd = std::process::Command::new("ip");
+    cmd.args(["netns", "exec", ns.name()]).arg(&kill.exe).args([
+        "worker",
+        "--rank",
+        &kill.rank.to_string(),
+        "--workers",
+        &spec.workers.to_string(),
+        "--elements",
+        &spec.elements.to_string(),
+        "--elems-per-packet",
+        &spec.elems_per_packet.to_string(),
+        "--slots",
+        &spec.slots.to_string(),
+        "--seed",
+        &spec.seed.to_string(),
+        "--type",
+        match spec.dtype {
+            ElementType::Int32 => "int32",
+            ElementType::Float32 => "float32",
+        },
+        "--switch",
+        &switch.to_string(),
+        "--bind",
+        &bind.to_string(),
+    ]);
+    let who = format!("rank {}", kill.rank);
+    let target = (kill.after_chunks, "chunks were complete");
+    kill_when(cmd, &who, ready, completed, target, spec.give_up * 4)
+}
+
+/// Runs `cmd`, a process whose first line of output is `ready` once it may be
+/// timed, calls `ready` then, and kills the process with `SIGKILL` as soon as
+/// `count()` reaches `target.0` (`target.1` says what is counted, as in
+/// "3000 chunks were complete"); fails if the process ends by itself first,
+/// or if the count is not reached within `patience`. Returns what happened.
+pub(crate) fn kill_when(
+    mut cmd: std::process::Command,
+    who: &str,
+    ready: impl FnOnce(),
+    count: impl Fn() -> anyhow::Result<u64>,
+    (target, what): (u64, &str),
+    patience: Duration,
+) -> anyhow::Result<String> {
+    let mut child = cmd
         .stdout(std::process::Stdio::piped())
         .spawn()
-        .with_context(|| format!("starting {} worker", kill.exe.display()))?;
+        .with_context(|| format!("starting {who}'s process"))?;
     // It says when its socket is bound and its data made; then the others
     // may start, and the clock starts.
     let mut line = String::new();
     if let Some(out) = child.stdout.take() {
         io::BufRead::read_line(&mut io::BufReader::new(out), &mut line)
-            .context("reading the worker process's output")?;
+            .with_context(|| format!("reading {who}'s output"))?;
     }
     ready();
     if line.trim() != "ready" {
         let _ = child.kill();
-        let status = child.wait().context("reaping the worker process")?;
-        bail!("rank {} did not start: {status}", kill.rank);
+        let status = child.wait().with_context(|| format!("reaping {who}"))?;
+        bail!("{who} did not start: {status}");
     }
-    let deadline = Instant::now() + spec.give_up * 4;
-    let done = loop {
-        let done = completed()?;
-        if done >= kill.after_chunks {
-            break done;
+    let deadline = Instant::now() + patience;
+    let reached = loop {
+        let n = count()?;
+        if n >= target {
+            break n;
         }
-        if let Some(status) = child.try_wait().context("polling the worker process")? {
-            bail!(
-                "rank {} ended by itself before it was killed: {status}",
-                kill.rank
-            );
+        if let Some(status) = child.try_wait().with_context(|| format!("polling {who}"))? {
+            bail!("{who} ended by itself before it was killed: {status}");
         }
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            bail!(
-                "the job completed {done} of {} chunks before the kill",
-                kill.after_chunks
-            );
+            bail!("{n} of {target} {what} before the kill of {who} was due");
         }
         std::thread::sleep(Duration::from_millis(1));
     };
-    child.kill().context("killing the worker process")?;
-    let status = child.wait().context("reaping the worker process")?;
-    Ok(format!(
-        "killed once {done} chunks were complete ({status})"
-    ))
+    child.kill().with_context(|| format!("killing {who}"))?;
+    let status = child.wait().with_context(|| format!("reaping {who}"))?;
+    Ok(format!("killed once {reached} {what} ({status})"))
 }
 
 /// Sets its flag when dropped.

@@ -351,13 +351,14 @@ impl<'d> GroupEngine<'d> {
     /// # Errors
     /// [`Error::InvalidGroup`], [`Error::InvalidConfig`],
     /// [`Error::RootOutOfRange`] or [`Error::LengthNotDivisible`]; nothing
-    /// is sent then.
+    /// is sent then, and `state` is left as it was. Otherwise the engine
+    /// takes `state` over until [`into_state`](Self::into_state).
     pub fn new(
         params: GroupParams,
         config: Config,
         collective: GroupCollective,
         buf: &'d mut [u8],
-        state: GroupState,
+        state: &mut GroupState,
         now: Instant,
     ) -> Result<Self, Error> {
         params.validate()?;
@@ -397,6 +398,7 @@ impl<'d> GroupEngine<'d> {
                 }
             }
         }
+        let state = std::mem::take(state);
         let mut by_root = [None; MAX_RANKS];
         for (i, s) in streams.iter().enumerate() {
             by_root[usize::from(s.root)] = Some(i);
@@ -948,7 +950,7 @@ mod tests {
             Config::default(),
             GroupCollective::Broadcast { root: 0 },
             &mut data,
-            GroupState::default(),
+            &mut GroupState::default(),
             now,
         )
         .unwrap();

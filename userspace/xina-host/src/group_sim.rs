@@ -345,14 +345,13 @@ impl GroupCluster {
         let mut engines: Vec<Option<GroupEngine<'_>>> = Vec::with_capacity(ranks);
         for ((r, buf), rank) in bufs.iter_mut().enumerate().zip(0u8..) {
             engines.push(if live(r) {
-                let state = std::mem::take(&mut self.states[r]);
                 Some(
                     GroupEngine::new(
                         self.config.params(rank),
                         self.config.engine,
                         collective,
                         buf,
-                        state,
+                        &mut self.states[r],
                         start,
                     )
                     .expect("a valid call"),

@@ -541,7 +541,7 @@ pub struct GroupWorker {
 pub(crate) struct GroupCore {
     pub(crate) params: GroupParams,
     pub(crate) config: Config,
-    state: Option<GroupState>,
+    state: GroupState,
     pub(crate) tx: TxQueue,
     pub(crate) rx: RxBatch,
 }
@@ -551,7 +551,7 @@ impl GroupCore {
         Self {
             params,
             config,
-            state: Some(GroupState::default()),
+            state: GroupState::default(),
             tx: TxQueue::new(),
             rx: RxBatch::new(),
         }
@@ -564,17 +564,14 @@ impl GroupCore {
         collective: GroupCollective,
         data: &'d mut [u8],
     ) -> Result<GroupEngine<'d>, Error> {
-        let state = self.state.take().unwrap_or_default();
-        let kept = state.clone();
         GroupEngine::new(
             self.params,
             self.config,
             collective,
             data,
-            state,
+            &mut self.state,
             Instant::now(),
         )
-        .inspect_err(|_| self.state = Some(kept))
     }
 
     /// Keeps what the next call needs from a finished engine.
@@ -582,7 +579,7 @@ impl GroupCore {
         // A failed send leaves datagrams of this call queued; no later call
         // may send them.
         self.tx.clear();
-        self.state = Some(engine.into_state());
+        self.state = engine.into_state();
     }
 
     pub(crate) fn io_error(&self) -> impl Fn(&'static str, io::Error) -> Error + use<> {

@@ -139,7 +139,7 @@ fn allgather_refuses_a_length_that_does_not_split() {
         xina_host::Config::default(),
         GroupCollective::Allgather,
         &mut buf,
-        xina_host::group::GroupState::default(),
+        &mut xina_host::group::GroupState::default(),
         std::time::Instant::now(),
     )
     .unwrap_err();

@@ -2,15 +2,16 @@
 //! action, the bytes out, the slot state and the counters checked. No
 //! interface is needed (root is: loading BPF programs needs it).
 
-use std::{
-    net::Ipv4Addr,
-    sync::{LazyLock, Mutex, MutexGuard, PoisonError},
-};
+mod common;
+
+use std::{net::Ipv4Addr, sync::MutexGuard};
+
+use common::{egress, hex, ingress, nonzero};
 
 use xina::dataplane::xdp_action::{DROP as XDP_DROP, PASS as XDP_PASS, REDIRECT as XDP_REDIRECT};
 use xina::{
     Counters, Dataplane, JobSpec, LoadOptions, MemberSpec,
-    dataplane::{Mode, TestOutput},
+    dataplane::Mode,
     frame::{self, Endpoint},
 };
 use xina_proto::{
@@ -440,17 +441,7 @@ fn bad_jobs_are_refused_and_leave_nothing() {
 const POOL: u32 = 64 * 16;
 
 fn shared() -> MutexGuard<'static, Dataplane> {
-    static DP: LazyLock<Mutex<Dataplane>> = LazyLock::new(|| {
-        Mutex::new(
-            Dataplane::load(LoadOptions {
-                slot_pool: POOL,
-                debug: false,
-            })
-            .expect("load (are you root?)"),
-        )
-    });
-    // A test that failed while holding the lock leaves only its own jobs behind.
-    DP.lock().unwrap_or_else(PoisonError::into_inner)
+    common::shared(POOL)
 }
 
 /// The shape of a job installed by [`Tenants::install`].
@@ -682,74 +673,6 @@ fn assert_frame(got: &[u8], want: &[u8], what: &str) {
     assert!(p.lengths_ok, "{what}: IPv4 / UDP lengths");
     assert!(p.ip_checksum_ok, "{what}: IPv4 checksum");
     assert!(p.udp_checksum_ok, "{what}: UDP checksum");
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// Nonzero counters as (name, value), in index order.
-fn nonzero(c: &Counters) -> Vec<(&'static str, u64)> {
-    Counter::ALL
-        .iter()
-        .filter(|k| c.get(**k) != 0)
-        .map(|k| (k.name(), c.get(*k)))
-        .collect()
-}
-
-/// One frame through a program, with the counters it moved.
-struct Step {
-    out: TestOutput,
-    /// Switch-wide counter deltas.
-    all: Counters,
-    /// Deltas of the job's own block.
-    own: Counters,
-    /// Whether it ran the ingress program (which counts `rx_packets`).
-    ingress: bool,
-}
-
-impl Step {
-    /// Checks the action and that exactly the counters `counted` moved, by
-    /// one each (with `rx_packets` on ingress), switch-wide and — when `own`,
-    /// that is once the frame's job is known — in the job's block (else that
-    /// block did not move).
-    #[track_caller]
-    fn expect(self, action: u32, counted: &[Counter], own: bool, what: &str) -> TestOutput {
-        assert_eq!(self.out.action, action, "{what}: XDP action");
-        let want: Vec<(&'static str, u64)> = Counter::ALL
-            .iter()
-            .filter(|c| counted.contains(c) || (self.ingress && **c == Counter::RxPackets))
-            .map(|c| (c.name(), 1))
-            .collect();
-        assert_eq!(nonzero(&self.all), want, "{what}: counters");
-        let own_want = if own { want } else { Vec::new() };
-        assert_eq!(nonzero(&self.own), own_want, "{what}: job counters");
-        self.out
-    }
-}
-
-/// Runs `f` through the ingress program, `job`'s counter block read around it.
-fn ingress(dp: &mut Dataplane, job: &JobSpec, f: &[u8]) -> Step {
-    let (all, own) = (dp.counters().unwrap(), dp.job_counters(job.id).unwrap());
-    let out = dp.test_run_switch(f, 0).unwrap();
-    Step {
-        out,
-        all: dp.counters().unwrap().delta(&all),
-        own: dp.job_counters(job.id).unwrap().delta(&own),
-        ingress: true,
-    }
-}
-
-/// Runs `f` through the egress program as if it left through `ifindex`.
-fn egress(dp: &mut Dataplane, job: &JobSpec, f: &[u8], ifindex: u32) -> Step {
-    let (all, own) = (dp.counters().unwrap(), dp.job_counters(job.id).unwrap());
-    let out = dp.test_run_egress(f, ifindex).unwrap();
-    Step {
-        out,
-        all: dp.counters().unwrap().delta(&all),
-        own: dp.job_counters(job.id).unwrap().delta(&own),
-        ingress: false,
-    }
 }
 
 /// The copy of `job`'s slot that chunk `seq` maps to.

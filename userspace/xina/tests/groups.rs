@@ -10,15 +10,16 @@
 //! each installs its groups with its own ids and slots, holds the lock
 //! throughout and removes its groups when it ends, failed or not.
 
-use std::{
-    net::Ipv4Addr,
-    sync::{LazyLock, Mutex, MutexGuard, PoisonError},
-};
+mod common;
+
+use std::{net::Ipv4Addr, sync::MutexGuard};
+
+use common::{egress, hex, ingress};
 
 use xina::dataplane::xdp_action::{DROP as XDP_DROP, PASS as XDP_PASS, REDIRECT as XDP_REDIRECT};
 use xina::{
-    Counters, Dataplane, JobSpec, LoadOptions, MemberSpec,
-    dataplane::{Mode, TestOutput},
+    Dataplane, JobSpec, LoadOptions, MemberSpec,
+    dataplane::Mode,
     frame::{self, Endpoint},
 };
 use xina_proto::{
@@ -51,16 +52,7 @@ fn member(rank: u8) -> MemberSpec {
 }
 
 fn shared() -> MutexGuard<'static, Dataplane> {
-    static DP: LazyLock<Mutex<Dataplane>> = LazyLock::new(|| {
-        Mutex::new(
-            Dataplane::load(LoadOptions {
-                slot_pool: POOL,
-                debug: false,
-            })
-            .expect("load (are you root?)"),
-        )
-    });
-    DP.lock().unwrap_or_else(PoisonError::into_inner)
+    common::shared(POOL)
 }
 
 /// A group to install: ranks `0..fan_in`, `senders` and `down` as bitmaps
@@ -305,76 +297,6 @@ fn assert_frame(got: &[u8], want: &[u8], what: &str) {
     } else {
         assert_eq!(stored, 0, "{what}: no UDP checksum on an acknowledgement");
         assert_eq!(got.len(), frame::XINA + HEADER_LEN, "{what}: no payload");
-    }
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn nonzero(c: &Counters) -> Vec<(&'static str, u64)> {
-    Counter::ALL
-        .iter()
-        .filter(|k| c.get(**k) != 0)
-        .map(|k| (k.name(), c.get(*k)))
-        .collect()
-}
-
-/// One frame through a program, with the counters it moved.
-struct Step {
-    out: TestOutput,
-    all: Counters,
-    own: Counters,
-    ingress: bool,
-}
-
-impl Step {
-    /// Checks the action and that exactly `counted` moved, by one each
-    /// (with `rx_packets` on ingress), switch-wide and — when `own` — in the
-    /// group's block (else that block did not move). On ingress the
-    /// outcome counters moved add up to `rx_packets`.
-    #[track_caller]
-    fn expect(self, action: u32, counted: &[Counter], own: bool, what: &str) -> TestOutput {
-        assert_eq!(self.out.action, action, "{what}: XDP action");
-        let want: Vec<(&'static str, u64)> = Counter::ALL
-            .iter()
-            .filter(|c| counted.contains(c) || (self.ingress && **c == Counter::RxPackets))
-            .map(|c| (c.name(), 1))
-            .collect();
-        assert_eq!(nonzero(&self.all), want, "{what}: counters");
-        let own_want = if own { want } else { Vec::new() };
-        assert_eq!(nonzero(&self.own), own_want, "{what}: group counters");
-        if self.ingress {
-            let outcomes: u64 = Counter::ALL
-                .iter()
-                .filter(|c| c.is_ingress_outcome())
-                .map(|c| self.all.get(*c))
-                .sum();
-            assert_eq!(outcomes, 1, "{what}: exactly one outcome");
-        }
-        self.out
-    }
-}
-
-fn ingress(dp: &mut Dataplane, job: &JobSpec, f: &[u8]) -> Step {
-    let (all, own) = (dp.counters().unwrap(), dp.job_counters(job.id).unwrap());
-    let out = dp.test_run_switch(f, 0).unwrap();
-    Step {
-        out,
-        all: dp.counters().unwrap().delta(&all),
-        own: dp.job_counters(job.id).unwrap().delta(&own),
-        ingress: true,
-    }
-}
-
-fn egress(dp: &mut Dataplane, job: &JobSpec, f: &[u8], ifindex: u32) -> Step {
-    let (all, own) = (dp.counters().unwrap(), dp.job_counters(job.id).unwrap());
-    let out = dp.test_run_egress(f, ifindex).unwrap();
-    Step {
-        out,
-        all: dp.counters().unwrap().delta(&all),
-        own: dp.job_counters(job.id).unwrap().delta(&own),
-        ingress: false,
     }
 }
 
