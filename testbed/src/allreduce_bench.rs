@@ -49,14 +49,14 @@ use std::{
 use anyhow::{Context as _, bail, ensure};
 use serde::Serialize;
 use xina_host::{JobParams, Worker};
-use xina_proto::XINA_UDP_PORT;
+use xina_proto::{DType, XINA_UDP_PORT, frame::elems_for_mtu};
 
 use crate::{
     bench::{Machine, median},
     lossy::{Counts, LossyLink},
     ring::{RingRank, ring_addrs},
     scenario::{self, AllreduceSpec, JOB_ID, WORKER_PORT},
-    topology::Star,
+    topology::{MAX_MTU, Star, StarOptions},
 };
 
 /// Most allreduces one repetition runs back to back.
@@ -106,10 +106,15 @@ pub struct AllreduceBenchSpec {
     pub reps: usize,
     /// Loss rates in percent of frames, each direction.
     pub losses: Vec<f64>,
-    /// xina's elements per packet.
-    pub elems_per_packet: u16,
-    /// xina's aggregator slots (the workers' window).
-    pub slots: u32,
+    /// Link MTUs, each on its own stars: the frame size xina's packets may
+    /// take (and TCP's segments).
+    pub frames: Vec<u32>,
+    /// xina's elements per packet; `None`: as many as a frame holds
+    /// (`xina_proto::frame::elems_for_mtu`).
+    pub elems_per_packet: Option<u16>,
+    /// xina's aggregator slots (the workers' window); `None`: about 1 MiB
+    /// of chunks in flight per worker, 4 to 64 slots ([`window_for`]).
+    pub slots: Option<u32>,
     /// How long an xina worker waits without progress before failing.
     pub give_up: Duration,
     /// How long a ring rank waits for a neighbour that does not move.
@@ -125,8 +130,9 @@ impl Default for AllreduceBenchSpec {
             sizes: size_range(4, 64 << 20, 2).unwrap_or_default(),
             reps: 5,
             losses: vec![0.0],
-            elems_per_packet: 256,
-            slots: 64,
+            frames: vec![1500],
+            elems_per_packet: None,
+            slots: None,
             give_up: Duration::from_secs(5),
             ring_timeout: Duration::from_secs(10),
             seed: 1,
@@ -163,12 +169,34 @@ impl AllreduceBenchSpec {
                 "loss: {l}% (must be at least 0 and below 100)"
             );
         }
-        ensure!(
-            (1..=256).contains(&self.elems_per_packet),
-            "elems-per-packet: {} (must be 1..=256)",
-            self.elems_per_packet
-        );
+        ensure!(!self.frames.is_empty(), "frame: none given");
+        for &f in &self.frames {
+            ensure!(
+                (1500..=MAX_MTU).contains(&f),
+                "frame: {f} (must be 1500..={MAX_MTU})"
+            );
+            if let Some(e) = self.elems_per_packet {
+                let most = elems_for_mtu(DType::I32, f as usize);
+                ensure!(
+                    e >= 1 && usize::from(e) <= most,
+                    "elems-per-packet: {e} (must be 1..={most} at frame {f})"
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// xina's slots (window) at link MTU `frame`.
+    pub fn slots_at(&self, frame: u32) -> u32 {
+        self.slots
+            .unwrap_or_else(|| window_for(usize::from(self.elems_at(frame))))
+    }
+
+    /// xina's elements per packet at link MTU `frame`.
+    pub fn elems_at(&self, frame: u32) -> u16 {
+        self.elems_per_packet.unwrap_or_else(|| {
+            u16::try_from(elems_for_mtu(DType::I32, frame as usize)).unwrap_or(u16::MAX)
+        })
     }
 }
 
@@ -177,6 +205,10 @@ impl AllreduceBenchSpec {
 pub struct Record {
     #[serde(rename = "impl")]
     pub implementation: Impl,
+    /// The links' MTU: the largest IP packet either implementation may send.
+    pub frame_bytes: u32,
+    /// xina's elements per packet (0 for the ring).
+    pub elems_per_packet: u16,
     pub workers: usize,
     /// Bytes per worker.
     pub bytes: usize,
@@ -297,6 +329,15 @@ pub fn format_size(bytes: usize) -> String {
     format!("{bytes}B")
 }
 
+/// The default window of int32 chunks of `elems` elements: about 1 MiB in
+/// flight per worker (more only queues in the switch and the sockets), 4 to
+/// 64 chunks.
+pub fn window_for(elems: usize) -> u32 {
+    u32::try_from((1 << 20) / (4 * elems.max(1)))
+        .unwrap_or(u32::MAX)
+        .clamp(4, 64)
+}
+
 /// Allreduces per repetition at `bytes` per worker.
 pub fn iters_for(bytes: usize) -> usize {
     (MIN_REP_BYTES / bytes.max(1)).clamp(1, MAX_ITERS)
@@ -314,12 +355,17 @@ pub fn run(
 ) -> anyhow::Result<Vec<Record>> {
     spec.validate()?;
     let mut records = Vec::new();
-    for &workers in &spec.workers {
-        progress(&format!("{workers} workers: building the star"));
-        let star = Star::build(workers).context("building the star topology")?;
-        let result = run_on(&star, spec, workers, &mut records, &mut progress);
-        star.teardown().context("tearing the topology down")?;
-        result?;
+    for &frame in &spec.frames {
+        for &workers in &spec.workers {
+            progress(&format!(
+                "{workers} workers, MTU {frame}: building the star"
+            ));
+            let star = Star::build_with(StarOptions::new(workers).with_mtu(frame))
+                .context("building the star topology")?;
+            let result = run_on(&star, spec, frame, workers, &mut records, &mut progress);
+            star.teardown().context("tearing the topology down")?;
+            result?;
+        }
     }
     Ok(records)
 }
@@ -328,14 +374,17 @@ pub fn run(
 fn run_on(
     star: &Star,
     spec: &AllreduceBenchSpec,
+    frame: u32,
     workers: usize,
     records: &mut Vec<Record>,
     progress: &mut impl FnMut(&str),
 ) -> anyhow::Result<()> {
+    let elems_per_packet = spec.elems_at(frame);
+    let slots = spec.slots_at(frame);
     let scenario_spec = AllreduceSpec {
         workers,
-        elems_per_packet: spec.elems_per_packet,
-        slots: spec.slots,
+        elems_per_packet,
+        slots,
         ..Default::default()
     };
     let config = scenario::star_config(star, &scenario_spec);
@@ -356,10 +405,10 @@ fn run_on(
                     job: JOB_ID,
                     rank: u8::try_from(rank).context("rank")?,
                     fan_in: u8::try_from(workers).context("workers")?,
-                    elems_per_packet: spec.elems_per_packet,
-                    slots: spec.slots,
+                    elems_per_packet,
+                    slots,
                     op: xina_proto::Op::Sum,
-                    dtype: xina_proto::DType::I32,
+                    dtype: DType::I32,
                     mode: xina_host::Mode::Allreduce,
                     switch,
                 },
@@ -380,6 +429,8 @@ fn run_on(
         let driver = Driver {
             star,
             spec,
+            frame,
+            elems_per_packet,
             workers,
             commands: &commands,
             results: &from_ranks,
@@ -518,6 +569,8 @@ fn check(bufs: &[Vec<i32>], expected: &[i32]) -> Result<(), String> {
 struct Driver<'a> {
     star: &'a Star,
     spec: &'a AllreduceBenchSpec,
+    frame: u32,
+    elems_per_packet: u16,
     workers: usize,
     commands: &'a [Sender<Command>],
     results: &'a Receiver<Message>,
@@ -570,8 +623,9 @@ impl Driver<'_> {
                 for (i, which) in impls.into_iter().enumerate() {
                     let record = self.record(which, bytes, iters, loss, &reps[i], frames[i]);
                     progress(&format!(
-                        "{} workers, loss {loss}%, {}: {} {:.1} us, {:.3} GB/s, {} retransmits",
+                        "{} workers, MTU {}, loss {loss}%, {}: {} {:.1} us, {:.3} GB/s, {} retransmits",
                         self.workers,
+                        self.frame,
                         format_size(bytes),
                         which.name(),
                         record.time_us,
@@ -670,6 +724,11 @@ impl Driver<'_> {
         let algbw_gbps = bytes as f64 / (time_us * 1e-6) / 1e9;
         Record {
             implementation: which,
+            frame_bytes: self.frame,
+            elems_per_packet: match which {
+                Impl::Xina => self.elems_per_packet,
+                Impl::Ring => 0,
+            },
             workers: self.workers,
             bytes,
             count: bytes / 4,
@@ -731,19 +790,30 @@ pub(crate) fn link_counts(links: &[LossyLink]) -> anyhow::Result<Counts> {
 fn find(
     records: &[Record],
     which: Impl,
-    workers: usize,
+    at: (u32, usize),
     bytes: usize,
     loss: f64,
 ) -> Option<&Record> {
+    let (frame, workers) = at;
     records.iter().find(|r| {
-        r.implementation == which && r.workers == workers && r.bytes == bytes && r.loss == loss
+        r.implementation == which
+            && r.frame_bytes == frame
+            && r.workers == workers
+            && r.bytes == bytes
+            && r.loss == loss
     })
+}
+
+/// The largest link MTU `records` measured (the goals are judged there).
+pub fn largest_frame(records: &[Record]) -> u32 {
+    records.iter().map(|r| r.frame_bytes).max().unwrap_or(1500)
 }
 
 /// The table of one worker count and loss rate, nccl-tests' columns for
 /// each implementation and `xina/ring`, the ratio of their algbw (the ring's
 /// time over xina's: above 1, xina is faster).
-pub fn table(records: &[Record], workers: usize, loss: f64) -> String {
+pub fn table(records: &[Record], frame: u32, workers: usize, loss: f64) -> String {
+    let at = (frame, workers);
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -769,14 +839,14 @@ pub fn table(records: &[Record], workers: usize, loss: f64) -> String {
     );
     let mut sizes: Vec<usize> = records
         .iter()
-        .filter(|r| r.workers == workers && r.loss == loss)
+        .filter(|r| r.frame_bytes == frame && r.workers == workers && r.loss == loss)
         .map(|r| r.bytes)
         .collect();
     sizes.sort_unstable();
     sizes.dedup();
     for bytes in sizes {
         let cols = |which| {
-            find(records, which, workers, bytes, loss).map_or_else(
+            find(records, which, at, bytes, loss).map_or_else(
                 || format!("{:>11} {:>11} {:>11} {:>5}", "-", "-", "-", "-"),
                 |r| {
                     format!(
@@ -786,8 +856,8 @@ pub fn table(records: &[Record], workers: usize, loss: f64) -> String {
                 },
             )
         };
-        let ratio = ratio(records, workers, bytes, loss)
-            .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}"));
+        let ratio =
+            ratio(records, at, bytes, loss).map_or_else(|| "-".to_owned(), |r| format!("{r:.2}"));
         let _ = writeln!(
             out,
             "{:>8} {:>9} {:>6} {:>5} | {} | {} | {ratio:>9}",
@@ -803,14 +873,22 @@ pub fn table(records: &[Record], workers: usize, loss: f64) -> String {
 }
 
 /// xina's algbw over the ring's (the ring's time over xina's).
-pub fn ratio(records: &[Record], workers: usize, bytes: usize, loss: f64) -> Option<f64> {
-    let x = find(records, Impl::Xina, workers, bytes, loss)?;
-    let r = find(records, Impl::Ring, workers, bytes, loss)?;
+pub fn ratio(records: &[Record], at: (u32, usize), bytes: usize, loss: f64) -> Option<f64> {
+    let x = find(records, Impl::Xina, at, bytes, loss)?;
+    let r = find(records, Impl::Ring, at, bytes, loss)?;
     Some(r.time_us / x.time_us)
 }
 
-/// The three goals against what `records` measured.
+/// The three goals against what `records` measured, at the largest frame.
 pub fn judge_goals(records: &[Record]) -> Vec<Goal> {
+    let frame = largest_frame(records);
+    let records: Vec<Record> = records
+        .iter()
+        .filter(|r| r.frame_bytes == frame)
+        .cloned()
+        .collect();
+    let records = records.as_slice();
+    let goal_at = (frame, GOAL_WORKERS);
     let judge = |statement: String, ratio: Option<f64>, threshold: f64, detail: String| Goal {
         statement,
         met: ratio.map(|r| r >= threshold),
@@ -819,10 +897,10 @@ pub fn judge_goals(records: &[Record]) -> Vec<Goal> {
         detail,
     };
     let at = |bytes| {
-        let r = ratio(records, GOAL_WORKERS, bytes, 0.0);
+        let r = ratio(records, goal_at, bytes, 0.0);
         let detail = match r {
             Some(_) => format!(
-                "lossless, {GOAL_WORKERS} workers, {}: ring time / xina time",
+                "lossless, {GOAL_WORKERS} workers, MTU {frame}, {}: ring time / xina time",
                 format_size(bytes)
             ),
             None => format!(
@@ -858,7 +936,9 @@ pub fn judge_goals(records: &[Record]) -> Vec<Goal> {
     let lossy = records
         .iter()
         .filter(|r| r.implementation == Impl::Xina && r.loss == GOAL_LOSS_PCT)
-        .filter_map(|l| find(records, Impl::Xina, l.workers, l.bytes, 0.0).map(|clean| (l, clean)))
+        .filter_map(|l| {
+            find(records, Impl::Xina, (frame, l.workers), l.bytes, 0.0).map(|clean| (l, clean))
+        })
         .max_by_key(|(l, _)| (l.bytes, l.workers));
     let (goodput, detail) = match lossy {
         Some((l, clean)) => (
@@ -869,12 +949,18 @@ pub fn judge_goals(records: &[Record]) -> Vec<Goal> {
                 format_size(l.bytes),
                 l.algbw_gbps,
                 clean.algbw_gbps,
-                find(records, Impl::Ring, l.workers, l.bytes, GOAL_LOSS_PCT)
-                    .zip(find(records, Impl::Ring, l.workers, l.bytes, 0.0))
-                    .map_or_else(String::new, |(rl, rc)| format!(
-                        " (ring: {:.2} of lossless)",
-                        rl.algbw_gbps / rc.algbw_gbps
-                    ))
+                find(
+                    records,
+                    Impl::Ring,
+                    (frame, l.workers),
+                    l.bytes,
+                    GOAL_LOSS_PCT
+                )
+                .zip(find(records, Impl::Ring, (frame, l.workers), l.bytes, 0.0))
+                .map_or_else(String::new, |(rl, rc)| format!(
+                    " (ring: {:.2} of lossless)",
+                    rl.algbw_gbps / rc.algbw_gbps
+                ))
             ),
         ),
         None => (

@@ -73,7 +73,7 @@ use xina::{Counters, Dataplane, JobSpec, LoadOptions, MemberSpec, dataplane::Mod
 use xina_proto::{DType, Flags, Kind, Op, Repr, counters::Counter, maps::programs};
 
 use crate::scenario::{self, AllreduceSpec};
-use xina::dataplane::xdp_action::{DROP as XDP_DROP, REDIRECT as XDP_REDIRECT};
+use xina::dataplane::xdp_action::{DROP as XDP_DROP, PASS as XDP_PASS, REDIRECT as XDP_REDIRECT};
 
 /// The job the `TestRun` benchmark installs, and one it never installs.
 const JOB: u32 = 9;
@@ -88,6 +88,12 @@ const SWITCH_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 254);
 pub const GOAL_RATIO: f64 = 0.5;
 /// Elements per packet the goal is stated for.
 pub const GOAL_ELEMS: u16 = 64;
+/// Issue 12: int32 sum combining, ns per element at the largest frame.
+pub const GOAL_COMBINE_NS: f64 = 1.0;
+/// Issue 12: int32 sum completing, ns per element at the largest frame.
+pub const GOAL_COMPLETE_NS: f64 = 2.0;
+/// Issue 12: max and min combining, at most this times sum's cost.
+pub const GOAL_MAX_MIN_FACTOR: f64 = 1.5;
 
 /// An element type and op of a job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -196,9 +202,12 @@ impl Path {
         }
     }
 
-    /// The XDP action every frame on this path must get.
-    const fn action(self) -> u32 {
+    /// The XDP action every frame on this path must get. On the wide path a
+    /// completed result is passed to the kernel, where the tc fan-out
+    /// program clones it to the members.
+    const fn action(self, wide: bool) -> u32 {
         match self {
+            Self::Completing if wide => XDP_PASS,
             Self::Completing | Self::FromCache => XDP_REDIRECT,
             Self::First | Self::Combining | Self::Duplicate | Self::UnknownJob => XDP_DROP,
         }
@@ -221,6 +230,9 @@ impl Path {
 pub struct SwitchBenchSpec {
     /// Elements per packet of each case.
     pub elems: Vec<u16>,
+    /// More cases: for each of these IP MTUs, as many elements as a packet
+    /// of that MTU holds (`xina_proto::frame::elems_for_mtu`).
+    pub frames: Vec<usize>,
     /// Element types and ops of each case.
     #[serde(serialize_with = "variant_names")]
     pub variants: Vec<Variant>,
@@ -247,6 +259,7 @@ impl Default for SwitchBenchSpec {
     fn default() -> Self {
         Self {
             elems: vec![64, 256],
+            frames: Vec::new(),
             variants: vec![Variant::I32Sum, Variant::I32Max, Variant::I64Sum],
             rounds: 5,
             stream: 2048,
@@ -265,9 +278,17 @@ pub struct PathRecord {
     pub dtype: &'static str,
     pub op: &'static str,
     pub elements_per_packet: u16,
+    /// The IP packet's length: headers and `elements_per_packet` elements.
+    pub frame_bytes: usize,
     pub path: &'static str,
     /// Median over the rounds of the mean in-kernel time per frame.
     pub ns_per_packet: f64,
+    /// `extra_ns / elements_per_packet`: what the path costs per element
+    /// above a bare `XDP_DROP` of the same frame.
+    pub ns_per_element: f64,
+    /// `1e9 / ns_per_element`: elements per second one core handles on
+    /// this path.
+    pub elements_per_s: f64,
     /// `1e9 / ns_per_packet`: packets per second on one core.
     pub agg_pps: f64,
     /// The same for `xina_drop` over the same frames.
@@ -323,6 +344,7 @@ pub struct SwitchBenchReport {
     pub machine: Machine,
     pub spec: SwitchBenchSpec,
     pub goal: Goal,
+    pub element_goals: Vec<ElementGoal>,
     /// Median `xina_drop` time at `repeat = 1` minus at `spec.repeat`: the
     /// test harness's share of every `repeat = 1` figure.
     pub harness_ns: Option<f64>,
@@ -484,6 +506,7 @@ fn time_pair(
     drop_first: bool,
     path: Path,
     seq: u32,
+    wide: bool,
 ) -> anyhow::Result<(u64, u64)> {
     let run_drop = |dp: &mut Dataplane| -> anyhow::Result<u64> {
         let (out, d) = dp.test_run_drop(frame, 1)?;
@@ -493,11 +516,11 @@ fn time_pair(
     let drop_before = if drop_first { run_drop(dp)? } else { 0 };
     let (out, d) = dp.test_run_switch_timed(frame, 1)?;
     ensure!(
-        out.action == path.action(),
+        out.action == path.action(wide),
         "path {}: chunk {seq} got XDP action {} instead of {}",
         path.name(),
         out.action,
-        path.action()
+        path.action(wide)
     );
     let drop = if drop_first {
         drop_before
@@ -565,7 +588,8 @@ fn stream_round(
     let mut sums = [(0u64, 0u64); 6];
     let mut drop_first = round.is_multiple_of(2);
     let mut measure = |dp: &mut Dataplane, path: Path, seq: u32| -> anyhow::Result<()> {
-        let (s, d) = time_pair(dp, frames.get(path, seq), drop_first, path, seq)?;
+        let wide = job.is_wide();
+        let (s, d) = time_pair(dp, frames.get(path, seq), drop_first, path, seq, wide)?;
         drop_first = !drop_first;
         let sum = &mut sums[path_index(path)];
         sum.0 += s;
@@ -611,7 +635,7 @@ fn repeat_round(
     let single = |dp: &mut Dataplane, path: Path, frame: &[u8]| -> anyhow::Result<(f64, f64)> {
         let (out, d) = dp.test_run_switch_timed(frame, spec.repeat)?;
         ensure!(
-            out.action == path.action(),
+            out.action == path.action(job.is_wide()),
             "{}: XDP action {}",
             path.name(),
             out.action
@@ -670,13 +694,19 @@ pub fn run_switch_bench(
     let mut dp = Dataplane::load(LoadOptions {
         slot_pool: spec.slots,
         debug: false,
+        ..LoadOptions::default()
     })
     .context("loading the dataplane (are you root?)")?;
     let mut records = Vec::new();
     let mut repeated = Vec::new();
     let (mut singles, mut repeats) = (Vec::new(), Vec::new());
     for &variant in &spec.variants {
-        for &elems in &spec.elems {
+        let by_frame = spec.frames.iter().map(|&mtu| {
+            u16::try_from(xina_proto::frame::elems_for_mtu(variant.dtype(), mtu)).unwrap_or(0)
+        });
+        let mut cases: Vec<u16> = spec.elems.iter().copied().chain(by_frame).collect();
+        cases.dedup();
+        for elems in cases {
             let max = variant.dtype().max_elems();
             if elems == 0 || usize::from(elems) > max {
                 progress(&format!(
@@ -695,6 +725,14 @@ pub fn run_switch_bench(
                 spec.stream
             ));
             let job = job_spec(variant, elems, spec.slots);
+            // At most about 256 MiB of frames (3 ranks and the unknown job's).
+            let frame_bytes = xina_proto::frame::ip_len(variant.dtype(), usize::from(elems));
+            let most = u32::try_from((64 << 20) / frame_bytes).unwrap_or(u32::MAX);
+            let case = SwitchBenchSpec {
+                stream: spec.stream.min(most.max(2 * spec.slots)),
+                ..spec.clone()
+            };
+            let spec = &case;
             let frames = Frames::new(variant, elems, spec.stream, spec.slots, spec.seed);
             let mut rounds = CaseRounds::default();
             for round in 0..spec.rounds {
@@ -711,8 +749,11 @@ pub fn run_switch_bench(
                     dtype: variant.dtype_name(),
                     op: variant.op_name(),
                     elements_per_packet: elems,
+                    frame_bytes,
                     path: path.name(),
                     ns_per_packet: ns,
+                    ns_per_element: (ns - drop_ns) / f64::from(elems),
+                    elements_per_s: f64::from(elems) * 1e9 / (ns - drop_ns),
                     agg_pps: pps(ns),
                     drop_ns,
                     drop_pps: pps(drop_ns),
@@ -777,16 +818,81 @@ pub fn judge_goal(records: &[PathRecord]) -> Goal {
     }
 }
 
+/// Issue 12's per-element goals, judged at the largest int32 frame
+/// measured: int32 sum combining at most [`GOAL_COMBINE_NS`] and completing
+/// at most [`GOAL_COMPLETE_NS`] ns per element over a bare `XDP_DROP`, and
+/// max and min combining within [`GOAL_MAX_MIN_FACTOR`] of sum.
+pub fn judge_element_goals(records: &[PathRecord]) -> Vec<ElementGoal> {
+    let largest = records
+        .iter()
+        .filter(|r| r.dtype == "int32")
+        .map(|r| r.elements_per_packet)
+        .max();
+    let at = |op: &str, path: Path| {
+        records.iter().find(|r| {
+            Some(r.elements_per_packet) == largest
+                && r.dtype == "int32"
+                && r.op == op
+                && r.path == path.name()
+        })
+    };
+    let goal = |statement: String, value: Option<f64>, most: f64| ElementGoal {
+        statement,
+        elements_per_packet: largest,
+        met: value.map(|v| v <= most),
+        value,
+        most,
+    };
+    let sum_combining = at("sum", Path::Combining).map(|r| r.ns_per_element);
+    let mut goals = vec![
+        goal(
+            "int32 sum, combining: ns per element over XDP_DROP".to_owned(),
+            sum_combining,
+            GOAL_COMBINE_NS,
+        ),
+        goal(
+            "int32 sum, completing: ns per element over XDP_DROP".to_owned(),
+            at("sum", Path::Completing).map(|r| r.ns_per_element),
+            GOAL_COMPLETE_NS,
+        ),
+    ];
+    for op in ["max", "min"] {
+        goals.push(goal(
+            format!("int32 {op}, combining: ns per element / int32 sum's"),
+            at(op, Path::Combining)
+                .zip(sum_combining)
+                .map(|(r, s)| r.ns_per_element / s),
+            GOAL_MAX_MIN_FACTOR,
+        ));
+    }
+    goals
+}
+
+/// One of [`judge_element_goals`]' goals.
+#[derive(Clone, Debug, Serialize)]
+pub struct ElementGoal {
+    pub statement: String,
+    /// The int32 case it was judged at (`None`: no int32 case ran).
+    pub elements_per_packet: Option<u16>,
+    /// The measured value, if that case ran; at most `most` meets the goal.
+    pub value: Option<f64>,
+    pub most: f64,
+    pub met: Option<bool>,
+}
+
 /// The `TestRun` table.
 pub fn testrun_table(records: &[PathRecord]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>5} {:<10} {:<12} {:>9} {:>9} {:>8} {:>9} {:>6} {:>8} {:>15}",
+        "{:>6} {:>5} {:<10} {:<12} {:>9} {:>7} {:>8} {:>9} {:>8} {:>9} {:>6} {:>8} {:>15}",
+        "frame",
         "elems",
         "type",
         "path",
         "ns/pkt",
+        "ns/elem",
+        "elems/s",
         "agg_pps",
         "drop_ns",
         "drop_pps",
@@ -797,11 +903,14 @@ pub fn testrun_table(records: &[PathRecord]) -> String {
     for r in records {
         let _ = writeln!(
             out,
-            "{:>5} {:<10} {:<12} {:>9.1} {:>9} {:>8.1} {:>9} {:>6.2} {:>8.1} {:>15}",
+            "{:>6} {:>5} {:<10} {:<12} {:>9.1} {:>7.2} {:>8} {:>9} {:>8.1} {:>9} {:>6.2} {:>8.1} {:>15}",
+            r.frame_bytes,
             r.elements_per_packet,
             format!("{} {}", r.dtype, r.op),
             r.path,
             r.ns_per_packet,
+            r.ns_per_element,
+            format_rate(r.elements_per_s),
             format_rate(r.agg_pps),
             r.drop_ns,
             format_rate(r.drop_pps),
@@ -1403,8 +1512,11 @@ mod tests {
             dtype: "int32",
             op: "sum",
             elements_per_packet: GOAL_ELEMS,
+            frame_bytes: 316,
             path: path.name(),
             ns_per_packet: 100.0,
+            ns_per_element: 0.0,
+            elements_per_s: 0.0,
             agg_pps: 1e7,
             drop_ns: 100.0 * ratio,
             drop_pps: 1e7 / ratio,
@@ -1417,6 +1529,36 @@ mod tests {
             round_ns: Vec::new(),
             round_drop_ns: Vec::new(),
         }
+    }
+
+    #[test]
+    fn element_goals_are_judged_at_the_largest_int32_frame() {
+        let row = |op: &'static str, path: Path, elems: u16, ns: f64| PathRecord {
+            op,
+            elements_per_packet: elems,
+            ns_per_element: ns,
+            ..record(path, 1.0)
+        };
+        let rows = [
+            // A smaller frame, slower: not what is judged.
+            row("sum", Path::Combining, 256, 9.0),
+            row("sum", Path::Combining, 16_128, 0.8),
+            row("sum", Path::Completing, 16_128, 2.5),
+            row("max", Path::Combining, 16_128, 1.0),
+        ];
+        let g = judge_element_goals(&rows);
+        let got: Vec<_> = g.iter().map(|g| (g.met, g.elements_per_packet)).collect();
+        assert_eq!(
+            got,
+            [
+                (Some(true), Some(16_128)),
+                (Some(false), Some(16_128)),
+                (Some(true), Some(16_128)),
+                (None, Some(16_128)),
+            ]
+        );
+        assert!((g[2].value.unwrap() - 1.25).abs() < 1e-9);
+        assert!(judge_element_goals(&[]).iter().all(|g| g.met.is_none()));
     }
 
     #[test]

@@ -274,12 +274,18 @@ struct BenchAllreduceArgs {
     /// directions (for xina and the ring alike); e.g. `0,1`.
     #[arg(long, value_delimiter = ',', default_values_t = [0.0f64])]
     loss: Vec<f64>,
-    /// xina's elements per packet (1..=256).
-    #[arg(long, default_value_t = 256)]
-    elems_per_packet: u16,
-    /// xina's aggregator slots (the workers' window).
-    #[arg(long, default_value_t = 64)]
-    slots: u32,
+    /// Link MTUs to sweep, each on its own stars (e.g. `1500,9000,65000`):
+    /// above 1,500 xina's packets take the wide path.
+    #[arg(long, value_delimiter = ',', default_values_t = [1500u32])]
+    frame: Vec<u32>,
+    /// xina's elements per packet at every frame (default: as many as the
+    /// frame holds).
+    #[arg(long)]
+    elems_per_packet: Option<u16>,
+    /// xina's aggregator slots (the workers' window; default: about 1 MiB
+    /// of chunks, 4 to 64).
+    #[arg(long)]
+    slots: Option<u32>,
     /// Also write the spec, goals and one record per measurement as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -291,6 +297,7 @@ fn bench_allreduce(args: &BenchAllreduceArgs) -> anyhow::Result<bool> {
         sizes: allreduce_bench::parse_size_range(&args.sizes, args.factor).context("--sizes")?,
         reps: args.reps,
         losses: args.loss.clone(),
+        frames: args.frame.clone(),
         elems_per_packet: args.elems_per_packet,
         slots: args.slots,
         ..Default::default()
@@ -304,14 +311,25 @@ fn bench_allreduce(args: &BenchAllreduceArgs) -> anyhow::Result<bool> {
     );
     println!(
         "median of {} repetitions after a warm-up, interleaved; every result checked exactly; \
-         xina {} elements/packet, {} slots\n",
-        spec.reps, spec.elems_per_packet, spec.slots
+         xina {}\n",
+        spec.reps,
+        spec.frames
+            .iter()
+            .map(|&f| format!(
+                "{} elements/packet and {} slots at MTU {f}",
+                spec.elems_at(f),
+                spec.slots_at(f)
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let records = allreduce_bench::run(&spec, |line| eprintln!("  {line}"))?;
-    for &loss in &spec.losses {
-        for &workers in &spec.workers {
-            println!("{workers} workers, loss {loss}%:");
-            println!("{}", allreduce_bench::table(&records, workers, loss));
+    for &frame in &spec.frames {
+        for &loss in &spec.losses {
+            for &workers in &spec.workers {
+                println!("{workers} workers, MTU {frame}, loss {loss}%:");
+                println!("{}", allreduce_bench::table(&records, frame, workers, loss));
+            }
         }
     }
     println!(
@@ -349,6 +367,10 @@ struct BenchSwitchArgs {
     /// Elements per packet of the in-kernel (test run) cases.
     #[arg(long, value_delimiter = ',', default_values_t = [64u16, 256])]
     elems: Vec<u16>,
+    /// More in-kernel cases: for each IP MTU, as many elements as a packet
+    /// of it holds, e.g. `1500,3500,9000,65000` (above 1,500 the wide path).
+    #[arg(long, value_delimiter = ',')]
+    frame: Vec<usize>,
     /// Element types and ops of the in-kernel cases (a type's rows are skipped
     /// at sizes that do not fit a packet).
     #[arg(long, value_enum, value_delimiter = ',',
@@ -386,6 +408,7 @@ struct BenchSwitchArgs {
 fn bench_switch(args: &BenchSwitchArgs) -> anyhow::Result<bool> {
     let spec = bench::SwitchBenchSpec {
         elems: args.elems.clone(),
+        frames: args.frame.clone(),
         variants: args.types.clone(),
         rounds: args.rounds,
         stream: args.stream,
@@ -433,6 +456,20 @@ fn bench_switch(args: &BenchSwitchArgs) -> anyhow::Result<bool> {
         _ => "not measured (needs i32-sum at 64 elements per packet)".to_owned(),
     };
     println!("goal: {}\n  => {verdict}\n", goal.statement);
+    let element_goals = bench::judge_element_goals(&testrun);
+    println!("per-element goals (largest int32 frame measured):");
+    for g in &element_goals {
+        let verdict = match (g.met, g.value, g.elements_per_packet) {
+            (Some(met), Some(v), Some(e)) => format!(
+                "{}: {v:.2} at {e} elements (needs <= {})",
+                if met { "MET" } else { "NOT MET" },
+                g.most
+            ),
+            _ => "not measured".to_owned(),
+        };
+        println!("  {} => {verdict}", g.statement);
+    }
+    println!();
 
     let end_to_end = if args.no_e2e {
         Vec::new()
@@ -471,6 +508,7 @@ fn bench_switch(args: &BenchSwitchArgs) -> anyhow::Result<bool> {
             machine,
             spec,
             goal,
+            element_goals,
             harness_ns,
             testrun,
             testrun_repeat,

@@ -221,6 +221,9 @@ pub struct RunOptions {
     /// Puts a lossy link on every worker's interface, disturbing xina
     /// traffic in both directions ([`AllreduceReport::lossy`]).
     pub loss: Option<Loss>,
+    /// The MTU of every veth of the star ([`StarOptions::mtu`]): what the
+    /// job's `elems_per_packet` must fit.
+    pub mtu: u32,
 }
 
 /// Faults injected on every worker's link, in parts per million of xina
@@ -254,6 +257,7 @@ impl Default for RunOptions {
             pin_cpus: false,
             per_cpu: false,
             loss: None,
+            mtu: 1500,
         }
     }
 }
@@ -638,9 +642,13 @@ pub fn star_config(star: &Star, spec: &AllreduceSpec) -> String {
         .map(|p| format!("{:?}", p.name))
         .collect();
     let pool = spec.slots.max(xina_proto::maps::DEFAULT_SLOT_POOL);
+    // Room for a wide job's partials on every possible CPU.
+    let cpus = aya::util::nr_cpus().map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX));
+    let units = xina_proto::frame::wide_units(usize::from(spec.elems_per_packet), spec.slots, cpus)
+        .max(u64::from(xina_proto::maps::DEFAULT_UNITS));
     let _ = writeln!(
         toml,
-        "[switch]\nports = [{}]\nslot_pool = {pool}\n",
+        "[switch]\nports = [{}]\nslot_pool = {pool}\nunits = {units}\n",
         ports.join(", ")
     );
     let _ = writeln!(
@@ -715,6 +723,7 @@ pub fn run_allreduce_with(
     let star = Star::build_with(StarOptions {
         workers: spec.workers,
         queues: options.queues,
+        mtu: options.mtu,
     })
     .context("building the star topology")?;
     let result = run_allreduce_on(&star, spec, options);

@@ -100,6 +100,12 @@ pub enum Error {
         /// The requested count.
         n: u32,
     },
+    /// The MTU is out of range.
+    #[error("a star's veths take an MTU of 68 to {MAX_MTU}, not {mtu}")]
+    Mtu {
+        /// The requested MTU.
+        mtu: u32,
+    },
     /// A generated interface name does not fit `IFNAMSIZ`.
     #[error("interface name {name:?} is longer than {MAX_IFNAME_LEN} bytes")]
     NameTooLong {
@@ -213,12 +219,30 @@ pub struct StarOptions {
     /// RX queue `cpu % queues` of the peer, `cpu` being the CPU that
     /// redirects.
     pub queues: u32,
+    /// The MTU of every veth, both ends (68 to [`MAX_MTU`]; 1500 by
+    /// default). Above about 3,500 bytes a frame reaches the switch's XDP
+    /// program as a multi-buffer frame (its programs are frags-capable).
+    pub mtu: u32,
 }
 
+/// The largest veth MTU a star takes: room for the biggest xina frame
+/// (`xina_proto::frame::MAX_FRAME_PAYLOAD` plus headers).
+pub const MAX_MTU: u32 = 65_000;
+
 impl StarOptions {
-    /// `workers` workers, one queue per veth (what [`Star::build`] makes).
+    /// `workers` workers, one queue per veth, MTU 1500 (what [`Star::build`]
+    /// makes).
     pub const fn new(workers: usize) -> Self {
-        Self { workers, queues: 1 }
+        Self {
+            workers,
+            queues: 1,
+            mtu: 1500,
+        }
+    }
+
+    /// The same with every veth at MTU `mtu`.
+    pub const fn with_mtu(self, mtu: u32) -> Self {
+        Self { mtu, ..self }
     }
 }
 
@@ -284,7 +308,12 @@ impl Star {
         let StarOptions {
             workers: n_workers,
             queues,
+            mtu,
         } = options;
+        if !(68..=MAX_MTU).contains(&mtu) {
+            return Err(Error::Mtu { mtu });
+        }
+        let mtu_arg = mtu.to_string();
         if n_workers == 0 || n_workers > MAX_WORKERS {
             return Err(Error::WorkerCount { n: n_workers });
         }
@@ -328,6 +357,8 @@ impl Star {
                     port,
                     "address",
                     &port_mac,
+                    "mtu",
+                    &mtu_arg,
                     "numtxqueues",
                     &queues_arg,
                     "numrxqueues",
@@ -339,6 +370,8 @@ impl Star {
                     iface,
                     "address",
                     &worker_mac,
+                    "mtu",
+                    &mtu_arg,
                     "numtxqueues",
                     &queues_arg,
                     "numrxqueues",
@@ -694,6 +727,7 @@ mod tests {
     fn queue_count_is_checked() {
         for n in [0, MAX_QUEUES + 1] {
             let options = StarOptions {
+                mtu: 1500,
                 queues: n,
                 ..StarOptions::new(2)
             };

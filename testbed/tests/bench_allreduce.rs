@@ -12,46 +12,56 @@ fn records_carry_every_field() {
         sizes: vec![4, 12, 4096],
         reps: 2,
         losses: vec![0.0, 1.0],
+        frames: vec![1500, 65_000],
         ..Default::default()
     };
     let records = run(&spec, |line| eprintln!("{line}")).expect("bench runs");
-    assert_eq!(records.len(), 2 * 3 * 2, "impl x size x loss");
+    assert_eq!(records.len(), 2 * 2 * 3 * 2, "frame x impl x size x loss");
     let json = serde_json::to_value(&records).expect("records serialise");
-    for loss in [0.0, 1.0] {
-        for bytes in [4u64, 12, 4096] {
-            for implementation in ["xina", "ring"] {
-                let matching: Vec<_> = json
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|r| {
-                        r["impl"] == implementation
-                            && r["bytes"].as_u64() == Some(bytes)
-                            && r["loss"].as_f64() == Some(loss)
-                    })
-                    .collect();
-                assert_eq!(matching.len(), 1, "{implementation} {bytes} B loss {loss}");
-                let r = matching[0];
-                assert_eq!(r["workers"], 2);
-                assert_eq!(r["dtype"], "int32");
-                assert_eq!(r["count"].as_u64(), Some(bytes / 4));
-                assert!(r["retransmits"].is_u64());
-                assert_eq!(r["times_us"].as_array().map(Vec::len), Some(2));
-                let time = r["time_us"].as_f64().unwrap();
-                let algbw = r["algbw_gbps"].as_f64().unwrap();
-                let busbw = r["busbw_gbps"].as_f64().unwrap();
-                assert!(time > 0.0 && time.is_finite(), "time_us {time}");
-                let expect = bytes as f64 / time / 1e3;
-                assert!((algbw - expect).abs() <= 1e-9 * expect, "algbw {algbw}");
-                // 2(n-1)/n = 1 for two workers.
-                assert!((busbw - algbw).abs() <= 1e-12, "busbw {busbw}");
-                // The lossy links saw traffic only when attached.
-                let seen = r["frames_seen"].as_u64().unwrap();
-                assert_eq!(seen > 0, loss > 0.0, "frames_seen {seen} at loss {loss}");
+    for (frame, elems) in [(1500u64, 360u64), (65_000, 16_128)] {
+        for loss in [0.0, 1.0] {
+            for bytes in [4u64, 12, 4096] {
+                for implementation in ["xina", "ring"] {
+                    let matching: Vec<_> = json
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .filter(|r| {
+                            r["impl"] == implementation
+                                && r["frame_bytes"].as_u64() == Some(frame)
+                                && r["bytes"].as_u64() == Some(bytes)
+                                && r["loss"].as_f64() == Some(loss)
+                        })
+                        .collect();
+                    assert_eq!(
+                        matching.len(),
+                        1,
+                        "{implementation} MTU {frame} {bytes} B loss {loss}"
+                    );
+                    let r = matching[0];
+                    let want_elems = if implementation == "xina" { elems } else { 0 };
+                    assert_eq!(r["elems_per_packet"].as_u64(), Some(want_elems));
+                    assert_eq!(r["workers"], 2);
+                    assert_eq!(r["dtype"], "int32");
+                    assert_eq!(r["count"].as_u64(), Some(bytes / 4));
+                    assert!(r["retransmits"].is_u64());
+                    assert_eq!(r["times_us"].as_array().map(Vec::len), Some(2));
+                    let time = r["time_us"].as_f64().unwrap();
+                    let algbw = r["algbw_gbps"].as_f64().unwrap();
+                    let busbw = r["busbw_gbps"].as_f64().unwrap();
+                    assert!(time > 0.0 && time.is_finite(), "time_us {time}");
+                    let expect = bytes as f64 / time / 1e3;
+                    assert!((algbw - expect).abs() <= 1e-9 * expect, "algbw {algbw}");
+                    // 2(n-1)/n = 1 for two workers.
+                    assert!((busbw - algbw).abs() <= 1e-12, "busbw {busbw}");
+                    // The lossy links saw traffic only when attached.
+                    let seen = r["frames_seen"].as_u64().unwrap();
+                    assert_eq!(seen > 0, loss > 0.0, "frames_seen {seen} at loss {loss}");
+                }
             }
         }
     }
-    let text = table(&records, 2, 0.0);
+    let text = table(&records, 65_000, 2, 0.0);
     assert!(
         text.contains("4KiB") && text.contains("xina/ring"),
         "{text}"

@@ -152,8 +152,8 @@ fn eight_ranks_pinned_to_two_cpus_sum_exactly_run_after_run() {
         "this test needs 2 CPUs to run XDP on, the process may use {cpus:?}"
     );
     let star = Star::build_with(StarOptions {
-        workers: WORKERS,
         queues: QUEUES,
+        ..StarOptions::new(WORKERS)
     })
     .expect("building the star");
     print!("{star}");
@@ -182,7 +182,7 @@ fn eight_ranks_pinned_to_two_cpus_sum_exactly_run_after_run() {
         queues: QUEUES,
         pin_cpus: true,
         per_cpu: true,
-        loss: None,
+        ..RunOptions::default()
     };
     let started = Instant::now();
     let (mut overlapping, mut intervals) = (0, 0);

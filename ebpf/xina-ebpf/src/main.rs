@@ -44,12 +44,14 @@
 
 mod egress;
 mod error;
+mod fanout;
 mod group;
 mod lossy;
 mod maps;
 mod packet;
 mod slot;
 mod switch;
+mod wide;
 
 use aya_ebpf::{
     bindings::xdp_action::XDP_DROP,
@@ -61,7 +63,7 @@ use xina_proto::counters::Counter;
 use crate::{error::Verdict, maps::Tally};
 
 /// Ingress program of every switch port.
-#[xdp]
+#[xdp(frags)]
 pub fn xina_switch(ctx: XdpContext) -> u32 {
     let mut tally = Tally::ifindex(ctx.ingress_ifindex() as u32);
     tally.count(Counter::RxPackets);
@@ -72,7 +74,7 @@ pub fn xina_switch(ctx: XdpContext) -> u32 {
 
 /// The multicast and anycast paths, tail-called by `xina_switch` for
 /// packets of kind `McastData` and `McastAck` (see [`group`]).
-#[xdp]
+#[xdp(frags)]
 pub fn xina_group(ctx: XdpContext) -> u32 {
     // `xina_switch` counted the frame as received, switch-wide and on its
     // port; this program counts its outcome.
@@ -86,7 +88,7 @@ pub fn xina_group(ctx: XdpContext) -> u32 {
 /// element type, op and size class, so the verifier checks each on its own.
 macro_rules! aggregate_programs {
     ($($name:ident: $elem:ty, $op:ty, $n:literal;)*) => {$(
-        #[xdp]
+        #[xdp(frags)]
         pub fn $name(ctx: XdpContext) -> u32 {
             // The port and job indexes arrive in the scratch entry.
             let mut tally = Tally::port_index(xina_proto::maps::NO_PORT_INDEX);
@@ -127,9 +129,41 @@ aggregate_programs! {
     xina_agg_i64_min_360: slot::I64, slot::Min, 360;
 }
 
+/// Declares the wide aggregation programs (see [`wide`]), one per element
+/// type and op.
+macro_rules! wide_programs {
+    ($($name:ident: $elem:ty, $op:ty, $step:literal;)*) => {$(
+        #[xdp(frags)]
+        pub fn $name(ctx: XdpContext) -> u32 {
+            let mut tally = Tally::port_index(xina_proto::maps::NO_PORT_INDEX);
+            wide::aggregate::<$elem, $op, $step>(&ctx, &mut tally)
+                .unwrap_or_else(Verdict::from)
+                .finish(&tally)
+        }
+    )*};
+}
+
+// The order must match `xina_proto::maps::programs::WIDE`: `3 × dtype + op`.
+wide_programs! {
+    xina_wide_i32_sum: slot::I32, slot::Sum, 128;
+    xina_wide_i32_max: slot::I32, slot::Max, 128;
+    xina_wide_i32_min: slot::I32, slot::Min, 128;
+    xina_wide_i64_sum: slot::I64, slot::Sum, 32;
+    xina_wide_i64_max: slot::I64, slot::Max, 32;
+    xina_wide_i64_min: slot::I64, slot::Min, 32;
+}
+
+/// TCX ingress program of every switch port: clones a completed wide
+/// result (marked by the wide path in its XDP metadata) to every member of
+/// its job; everything else goes on unchanged (see [`fanout`]).
+#[classifier]
+pub fn xina_fanout(ctx: TcContext) -> i32 {
+    fanout::fanout(&ctx)
+}
+
 /// Devmap egress program: addresses a result copy to the job's member on
 /// this port, as a full result or as a completion notice.
-#[xdp(map = "devmap")]
+#[xdp(frags, map = "devmap")]
 pub fn xina_egress(ctx: XdpContext) -> u32 {
     // SAFETY: `ctx.ctx` is the kernel-provided context of a devmap program,
     // which has `egress_ifindex` set.
@@ -142,7 +176,7 @@ pub fn xina_egress(ctx: XdpContext) -> u32 {
 
 /// [`xina_egress`] for `BPF_PROG_TEST_RUN`: the egress ifindex comes from the
 /// `TEST_EGRESS_IFINDEX` map instead of the context.
-#[xdp]
+#[xdp(frags)]
 pub fn xina_egress_test(ctx: XdpContext) -> u32 {
     let ifindex = maps::TEST_EGRESS_IFINDEX.get(0).copied().unwrap_or(0);
     let mut tally = Tally::ifindex(ifindex);
@@ -153,7 +187,7 @@ pub fn xina_egress_test(ctx: XdpContext) -> u32 {
 
 /// Drops everything: the baseline `xina-testbed bench switch` measures the
 /// switch's paths against, over the same frames in the same run.
-#[xdp]
+#[xdp(frags)]
 pub fn xina_drop(_ctx: XdpContext) -> u32 {
     XDP_DROP
 }

@@ -7,11 +7,11 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use xina_proto::{
-    MAX_PAYLOAD,
+    MAX_FRAME_PAYLOAD, MAX_PAYLOAD,
     counters::Counter,
     maps::{
-        CounterBlock, DEFAULT_SLOT_POOL, Job, MAX_JOBS, MAX_MEMBERS, MAX_PORTS,
-        MEMBER_PACKETS_PER_JOB, Member, MemberKey, NO_PORT_INDEX, PortKey, Slot, programs,
+        CounterBlock, DEFAULT_SLOT_POOL, DEFAULT_UNITS, Job, MAX_JOBS, MAX_MEMBERS, MAX_PORTS,
+        MEMBER_PACKETS_PER_JOB, Member, MemberKey, NO_PORT_INDEX, PortKey, Slot, Unit, programs,
     },
 };
 
@@ -91,6 +91,11 @@ pub struct Pending {
     pub mode: u32,
     /// The sender's port in `PORTS`, or `NO_PORT_INDEX`.
     pub port_index: u32,
+    /// Wide jobs: the job's first unit in `UNITS` and blocks per chunk.
+    pub unit_base: u32,
+    pub blocks: u32,
+    /// Wide jobs: the copy's index within the job (`2 × slot + version`).
+    pub job_copy: u32,
 }
 
 /// Per-CPU scratch of the ingress path: the admitted contribution, and its
@@ -106,6 +111,43 @@ pub struct Scratch {
 /// This CPU's [`Scratch`].
 #[btf_map]
 pub static SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
+
+/// The wide path's memory: each wide job's partials (one per CPU and slot
+/// copy) and results, in units of one block (see `xina_proto::frame`).
+/// Userspace sizes it at load time.
+#[btf_map]
+pub static UNITS: Array<Unit, { DEFAULT_UNITS as usize }> = Array::new();
+
+/// The wide path's staged payload, one entry per CPU (indexed by
+/// `bpf_get_smp_processor_id`; a per-CPU array cannot hold 64 KB values).
+/// The buffer sits 2,112 bytes into the value: copies into a buffer at a
+/// page-aligned offset ran several times slower (4 KiB aliasing with the
+/// packet's pages).
+#[repr(C)]
+pub struct WideScratch {
+    pub _align: [u64; 264],
+    pub input: WideBuf,
+}
+
+/// A wide payload as 32-bit words in wire (big-endian) order.
+pub type WideBuf = [u32; MAX_FRAME_PAYLOAD / 4];
+
+/// Entries of `WIDE_SCRATCH` in the object; userspace sets the number of
+/// possible CPUs at load.
+pub const MAX_CPUS: u32 = 64;
+
+#[btf_map]
+pub static WIDE_SCRATCH: Array<WideScratch, { MAX_CPUS as usize }> = Array::new();
+
+/// CPUs the dataplane may run on (the kernel's possible CPUs), set by the
+/// loader: the number of partials each wide slot copy has.
+#[unsafe(no_mangle)]
+pub static XINA_CPUS: Global<u32> = Global::new(1);
+
+/// The secret the wide path writes into a completed frame's XDP metadata
+/// and the fan-out program checks (random per load, set by the loader).
+#[unsafe(no_mangle)]
+pub static XINA_FANOUT_KEY: Global<u32> = Global::new(0);
 
 /// The egress ifindex seen by `xina_egress_test`.
 #[btf_map]

@@ -3,7 +3,7 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_BROADCAST, xdp_action::XDP_DROP},
-    helpers::{bpf_redirect, bpf_xdp_load_bytes, bpf_xdp_store_bytes},
+    helpers::{bpf_redirect, bpf_xdp_get_buff_len, bpf_xdp_load_bytes, bpf_xdp_store_bytes},
     programs::XdpContext,
 };
 use aya_log_ebpf::debug;
@@ -79,7 +79,10 @@ pub fn try_switch(ctx: &XdpContext, tally: &mut Tally) -> Result<Verdict, Verdic
     }
     let size = if job.dtype == DType::I64 as u8 { 8 } else { 4 };
     let payload_end = PAYLOAD + size * usize::from(count);
-    if ctx.data() + payload_end > ctx.data_end() {
+    // The whole frame, fragments included (a wide frame is multi-buffer).
+    // SAFETY: a plain helper call on this program's context.
+    let frame_len = unsafe { bpf_xdp_get_buff_len(ctx.ctx) } as usize;
+    if payload_end > frame_len {
         return Err(Error::Truncated.into());
     }
     // The datagram must be exactly the header and the announced payload:
@@ -114,6 +117,9 @@ pub fn try_switch(ctx: &XdpContext, tally: &mut Tally) -> Result<Verdict, Verdic
         ifindex: member.ifindex,
         mode: u32::from(job.mode),
         port_index: member.port_index,
+        unit_base: job.unit_base,
+        blocks: job.blocks,
+        job_copy: slot * 2 + version,
     };
     let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
         return Err(Error::Internal.into());
@@ -121,14 +127,24 @@ pub fn try_switch(ctx: &XdpContext, tally: &mut Tally) -> Result<Verdict, Verdic
     // SAFETY: this CPU's scratch entry; the tail-called program reads it
     // before anything else runs on this CPU.
     unsafe { (*scratch).pending = pending };
-    let class = match job.elems {
-        0..=64 => 0,
-        65..=128 => 1,
-        129..=256 => 2,
-        _ => 3,
-    };
     let kind = if job.dtype == DType::I64 as u8 { 3 } else { 0 } + u32::from(job.op);
-    let variant = 4 * kind + class;
+    let narrow = if job.dtype == DType::I64 as u8 {
+        DType::I64.narrow_elems()
+    } else {
+        DType::I32.narrow_elems()
+    };
+    let variant = if usize::from(job.elems) > narrow {
+        // The wide path (see `wide`).
+        programs::WIDE_BASE + kind
+    } else {
+        let class = match job.elems {
+            0..=64 => 0,
+            65..=128 => 1,
+            129..=256 => 2,
+            _ => 3,
+        };
+        4 * kind + class
+    };
     // SAFETY: a tail call with this program's own context; on success it
     // does not return.
     unsafe { AGGREGATE.tail_call(ctx, variant) };
@@ -230,26 +246,8 @@ pub fn aggregate<E: Elem, C: Combine, const N: usize>(
             if p.mode != u32::from(mode::ALLREDUCE) && p.rank != r.root {
                 make_notice(ctx)?;
             }
-            // Back to the sender, who sits behind the ingress port.
-            let dst_mac = packet::get::<6>(ctx, ETH_DST)?;
-            let src_mac = packet::get::<6>(ctx, ETH_SRC)?;
-            packet::put(ctx, ETH_DST, src_mac)?;
-            packet::put(ctx, ETH_SRC, dst_mac)?;
-            // Through the port's devmap entry, like the broadcast copies: the
-            // kernel batches a NAPI cycle's redirects to one device and runs
-            // the egress program of the batch's first frame on all of them,
-            // so a plain `bpf_redirect` mixed with broadcast copies would
-            // send copies out unaddressed (or run the egress program on this
-            // reply). The egress program addresses it to the same member.
-            let action = if p.port_index == NO_PORT_INDEX {
-                // SAFETY: a plain helper call with an interface index.
-                (unsafe { bpf_redirect(p.ifindex, 0) }) as u32
-            } else {
-                PORTS
-                    .redirect(p.port_index, 0)
-                    .map_err(|_| Error::Redirect)?
-            };
-            Ok(Verdict::new(Counter::ReplyFromCache, action as u32))
+            let action = reply_to_sender(ctx, &p)?;
+            Ok(Verdict::new(Counter::ReplyFromCache, action))
         }
         Outcome::Duplicate => Err(Error::Duplicate.into()),
         Outcome::Stale => Err(Error::Stale.into()),
@@ -262,7 +260,7 @@ pub fn aggregate<E: Elem, C: Combine, const N: usize>(
 /// address the source), UDP checksum adjusted for everything that changed.
 /// Swapping addresses and ports leaves both checksums unchanged.
 #[inline(always)]
-fn make_result(ctx: &XdpContext, r: &slot::Result, extra_flags: u8) -> Result<(), Error> {
+pub fn make_result(ctx: &XdpContext, r: &slot::Result, extra_flags: u8) -> Result<(), Error> {
     let mut csum = r.csum;
 
     let word0 = packet::be32_at(ctx, XINA)?;
@@ -289,6 +287,29 @@ fn make_result(ctx: &XdpContext, r: &slot::Result, extra_flags: u8) -> Result<()
 
     let old = packet::be16_at(ctx, UDP + UDP_CSUM)?;
     packet::set_be16(ctx, UDP + UDP_CSUM, checksum::apply_udp(old, csum))
+}
+
+/// Sends a reply from a slot back to the contribution's sender, who sits
+/// behind the ingress port: MACs swapped, then through the port's devmap
+/// entry, like the broadcast copies. The kernel batches a NAPI cycle's
+/// redirects to one device and runs the egress program of the batch's first
+/// frame on all of them, so a plain `bpf_redirect` mixed with broadcast
+/// copies would send copies out unaddressed (or run the egress program on
+/// this reply). The egress program addresses it to the same member. A
+/// redirect to one devmap entry also carries multi-buffer frames (a
+/// broadcast does not).
+#[inline(always)]
+pub fn reply_to_sender(ctx: &XdpContext, p: &Pending) -> Result<u32, Error> {
+    let dst_mac = packet::get::<6>(ctx, ETH_DST)?;
+    let src_mac = packet::get::<6>(ctx, ETH_SRC)?;
+    packet::put(ctx, ETH_DST, src_mac)?;
+    packet::put(ctx, ETH_SRC, dst_mac)?;
+    if p.port_index == NO_PORT_INDEX {
+        // SAFETY: a plain helper call with an interface index.
+        Ok((unsafe { bpf_redirect(p.ifindex, 0) }) as u32)
+    } else {
+        PORTS.redirect(p.port_index, 0).map_err(|_| Error::Redirect)
+    }
 }
 
 /// Turns a result into a completion notice: the payload is cut off, the

@@ -57,7 +57,7 @@
 
 use core::fmt;
 
-use crate::{MAGIC, MAX_PAYLOAD, VERSION};
+use crate::{MAGIC, MAX_PAYLOAD, VERSION, frame::MAX_FRAME_PAYLOAD};
 
 /// Byte ranges and offsets of the header fields, relative to the header start.
 pub mod field {
@@ -175,8 +175,19 @@ impl DType {
         }
     }
 
-    /// Most elements of this type in one packet ([`MAX_PAYLOAD`] bytes).
+    /// Most elements of this type in one packet: [`MAX_FRAME_PAYLOAD`]
+    /// bytes of `int32` or `int64` (the wide path, see [`crate::frame`]);
+    /// [`MAX_PAYLOAD`] bytes of group data.
     pub const fn max_elems(self) -> usize {
+        match self {
+            Self::I32 | Self::I64 => MAX_FRAME_PAYLOAD / self.size(),
+            Self::Bytes => MAX_PAYLOAD,
+        }
+    }
+
+    /// Most elements of this type the narrow path takes: one 1,500-byte
+    /// frame ([`MAX_PAYLOAD`] bytes: 360 `int32`, 180 `int64`).
+    pub const fn narrow_elems(self) -> usize {
         MAX_PAYLOAD / self.size()
     }
 }
@@ -229,7 +240,7 @@ pub enum Error {
     UnknownOp(u8),
     /// The dtype byte names no [`DType`].
     UnknownDType(u8),
-    /// The payload would exceed [`MAX_PAYLOAD`] bytes.
+    /// The payload would exceed [`DType::max_elems`].
     TooManyElements(u16),
 }
 
@@ -247,7 +258,7 @@ impl fmt::Display for Error {
             Self::TooManyElements(n) => {
                 write!(
                     f,
-                    "{n} elements do not fit one packet ({MAX_PAYLOAD} payload bytes)"
+                    "{n} elements do not fit one packet ({MAX_FRAME_PAYLOAD} payload bytes, {MAX_PAYLOAD} for group data)"
                 )
             }
         }
@@ -673,16 +684,23 @@ mod tests {
             assert_eq!(got, Err(err), "byte {at} = {value}");
         }
         let mut big = buf;
-        big[field::COUNT].copy_from_slice(&361u16.to_be_bytes());
+        big[field::COUNT].copy_from_slice(&16_129u16.to_be_bytes());
         assert_eq!(
             Packet::new_checked(&big[..]).unwrap_err(),
-            Error::TooManyElements(361)
+            Error::TooManyElements(16_129)
         );
         big[field::DTYPE] = DType::I64 as u8;
-        big[field::COUNT].copy_from_slice(&181u16.to_be_bytes());
+        big[field::COUNT].copy_from_slice(&8_065u16.to_be_bytes());
         assert_eq!(
             Packet::new_checked(&big[..]).unwrap_err(),
-            Error::TooManyElements(181)
+            Error::TooManyElements(8_065)
+        );
+        // Group data stays within one 1,500-byte frame.
+        big[field::DTYPE] = DType::Bytes as u8;
+        big[field::COUNT].copy_from_slice(&1_441u16.to_be_bytes());
+        assert_eq!(
+            Packet::new_checked(&big[..]).unwrap_err(),
+            Error::TooManyElements(1_441)
         );
     }
 

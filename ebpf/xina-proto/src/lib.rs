@@ -7,6 +7,7 @@
 //! `aya::Pod` implementations for the map types.
 //!
 //! - [`header`]: the xina header carried after UDP on [`XINA_UDP_PORT`].
+//! - [`frame`]: where headers and payload sit, and how big a frame may be.
 //! - [`net`]: the Ethernet / IPv4 / UDP offsets the dataplane parses.
 //! - [`checksum`]: incremental Internet checksum arithmetic (RFC 1624).
 //! - [`maps`]: map keys and values crossing the kernel/user boundary.
@@ -18,6 +19,7 @@
 pub mod anycast;
 pub mod checksum;
 pub mod counters;
+pub mod frame;
 pub mod header;
 pub mod lossy;
 pub mod maps;
@@ -40,13 +42,17 @@ pub const VERSION: u8 = 1;
 /// Most ranks a job can have: the width of the rank bitmap.
 pub const MAX_RANKS: usize = 64;
 
-/// The IP MTU every xina packet must fit: a standard Ethernet payload.
+/// The IP MTU of the narrow path and of groups: a standard Ethernet
+/// payload. Wide jobs take bigger frames (see [`frame`]).
 pub const MTU: usize = 1500;
 
-/// Most payload bytes in one packet: the MTU less the IPv4, UDP and xina
-/// headers (1,440 bytes).
+/// Most payload bytes in one packet of the narrow path or of a group: the
+/// MTU less the IPv4, UDP and xina headers (1,440 bytes).
 pub const MAX_PAYLOAD: usize = MTU - net::IPV4_HLEN - net::UDP_HLEN - header::HEADER_LEN;
 
-/// Most elements one packet carries (`int32`: 360; `int64` carries
-/// [`DType::max_elems`] = 180), and the capacity of one aggregator slot.
+/// Most elements one narrow packet carries (`int32`: 360; `int64` carries
+/// [`DType::narrow_elems`] = 180), and the capacity of one aggregator slot.
 pub const MAX_ELEMS: usize = MAX_PAYLOAD / 4;
+
+/// Most payload bytes in one packet at all (the wide path).
+pub use frame::MAX_FRAME_PAYLOAD;

@@ -40,6 +40,13 @@ pub mod names {
     /// anycast group, at index `Job::counters × 64 + rank` (not per CPU: the
     /// egress program adds atomically).
     pub const MEMBER_PACKETS: &str = "MEMBER_PACKETS";
+    /// `Array<Unit>`: the wide path's accumulators and results, in
+    /// [`crate::frame::UNIT_BYTES`]-byte units; a wide job owns the range
+    /// `Job::unit_base ..` of [`crate::frame::wide_units`] units.
+    pub const UNITS: &str = "UNITS";
+    /// `Array<WideScratch>` with one entry per CPU: the wide path's staged
+    /// payload (a per-CPU array cannot hold 64 KB values).
+    pub const WIDE_SCRATCH: &str = "WIDE_SCRATCH";
     /// `Array<u32>` with one entry: the egress ifindex the test entry point
     /// of the egress program pretends to run on.
     pub const TEST_EGRESS_IFINDEX: &str = "TEST_EGRESS_IFINDEX";
@@ -86,6 +93,25 @@ pub mod programs {
         "xina_agg_i64_min_256",
         "xina_agg_i64_min_360",
     ];
+    /// The wide-path aggregation programs, at `WIDE_BASE + 3 × dtype + op`
+    /// of the `AGGREGATE` array: jobs with more elements per packet than
+    /// the narrow path takes (see [`crate::frame`]).
+    pub const WIDE: [&str; 6] = [
+        "xina_wide_i32_sum",
+        "xina_wide_i32_max",
+        "xina_wide_i32_min",
+        "xina_wide_i64_sum",
+        "xina_wide_i64_max",
+        "xina_wide_i64_min",
+    ];
+    /// Index of the first [`WIDE`] program in the `AGGREGATE` array, after
+    /// the group program.
+    pub const WIDE_BASE: u32 = GROUP_INDEX + 1;
+    /// The tc (TCX ingress) program on every switch port that fans a wide
+    /// result out: the wide path passes the completed frame to the kernel
+    /// marked in its XDP metadata, and this program clones it to every
+    /// member's port, addressing each copy.
+    pub const FANOUT: &str = "xina_fanout";
     /// The program `xina_switch` tail-calls for multicast and anycast packets
     /// ([`crate::Kind::McastData`], [`crate::Kind::McastAck`]): replication,
     /// acknowledgement aggregation and anycast delivery.
@@ -94,7 +120,7 @@ pub mod programs {
     /// aggregation programs.
     pub const GROUP_INDEX: u32 = AGGREGATE.len() as u32;
     /// Entries of the `AGGREGATE` program array.
-    pub const TAIL_CALLS: u32 = GROUP_INDEX + 1;
+    pub const TAIL_CALLS: u32 = WIDE_BASE + WIDE.len() as u32;
 }
 
 /// Capacity of the `PORTS` devmap: most ports one switch can have.
@@ -176,6 +202,10 @@ pub struct Job {
     /// Bitmap with one bit per rank: the chunk is complete when the slot's
     /// bitmap equals it.
     pub all_ranks: u64,
+    /// Wide jobs: the first of the job's units in `UNITS` (0 otherwise).
+    pub unit_base: u32,
+    /// Wide jobs: blocks per chunk, `frame::blocks(elems)` (0 otherwise).
+    pub blocks: u32,
 }
 
 /// Key of `MEMBERS`.
@@ -238,6 +268,9 @@ pub mod slot_state {
     pub const PARTIAL: u32 = 1;
     /// Every rank has contributed; `values` holds the result of `seq`.
     pub const COMPLETE: u32 = 2;
+    /// Wide path: every rank's contribution has landed and one CPU is
+    /// writing the result; repeats are duplicates until it is `COMPLETE`.
+    pub const COMPLETING: u32 = 3;
 }
 
 /// One copy of an aggregator slot. A multicast group uses the same copies
@@ -254,7 +287,10 @@ pub mod slot_state {
 /// `i64`) and are clamped once, when the chunk completes, so the result does
 /// not depend on the order contributions arrive in.
 ///
-/// Memory: 2,912 bytes per copy, 5,824 bytes per slot.
+/// Memory: 2,928 bytes per copy, 5,856 bytes per slot.
+///
+/// A wide job's copies keep only the state here: their partial sums and
+/// results live in the job's units of `UNITS` (see [`crate::frame`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slot {
@@ -272,7 +308,13 @@ pub struct Slot {
     pub flags: u32,
     /// The chunk's root rank (reduce, reduce-scatter).
     pub root: u32,
-    /// Running combination, host byte order.
+    /// Wide path: ranks whose contribution has been combined into a
+    /// partial (`bitmap` holds those admitted; the chunk completes when
+    /// this one is full).
+    pub landed: u64,
+    /// Wide path: CPUs whose partial holds part of this chunk.
+    pub cpus: u64,
+    /// Running combination, host byte order (narrow path only).
     pub values: [i64; MAX_ELEMS],
 }
 
@@ -286,19 +328,42 @@ impl Default for Slot {
             bitmap: 0,
             flags: 0,
             root: 0,
+            landed: 0,
+            cpus: 0,
             values: [0; MAX_ELEMS],
         }
     }
 }
 
 const _: () = {
-    assert!(size_of::<Job>() == 24);
+    assert!(size_of::<Job>() == 32);
+    assert!(size_of::<Unit>() == crate::frame::UNIT_BYTES);
     assert!(size_of::<MemberKey>() == 8);
     assert!(size_of::<PortKey>() == 8);
     assert!(size_of::<Member>() == 32);
     assert!(size_of::<bpf_spin_lock>() == 4);
-    assert!(size_of::<Slot>() == 32 + 8 * MAX_ELEMS);
+    assert!(size_of::<Slot>() == 48 + 8 * MAX_ELEMS);
 };
+
+/// One unit of the wide path's memory: the 64-bit partials of one block,
+/// or one block's result in wire order.
+pub type Unit = [u64; crate::frame::BLOCK_ELEMS];
+
+/// Default number of units in `UNITS` (32 MiB): room for four jobs of
+/// 64 KB frames with 8 slots on two CPUs.
+pub const DEFAULT_UNITS: u32 = 32 * 1024;
+
+/// The fan-out mark the wide path leaves in a completed frame's XDP
+/// metadata, read by the tc fan-out program.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FanoutMeta {
+    /// The switch's secret fan-out key (random per load): a frame whose
+    /// metadata does not carry it is not a result of this switch.
+    pub key: u32,
+    /// The job whose result it is.
+    pub job: u32,
+}
 
 #[cfg(feature = "user")]
 mod pod {

@@ -85,7 +85,7 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use xina_proto::header::HEADER_LEN;
-use xina_proto::{DType, Flags, Kind, MAX_PAYLOAD, MAX_RANKS, Op, Packet, Repr};
+use xina_proto::{DType, Flags, Kind, MAX_FRAME_PAYLOAD, MAX_RANKS, Op, Packet, Repr};
 
 use crate::error::{Error, SeqList};
 
@@ -97,9 +97,16 @@ use crate::error::{Error, SeqList};
 /// slots than this for one job would need over 32 GiB of slot memory.
 pub const MAX_WINDOW: u32 = 1 << 24;
 
-/// The longest datagram the engine writes: a header and a full payload
-/// ([`MAX_PAYLOAD`] bytes: 360 int32 or 180 int64).
-pub const MAX_DATAGRAM_LEN: usize = HEADER_LEN + MAX_PAYLOAD;
+/// The longest datagram any engine writes: a header and the largest payload
+/// ([`MAX_FRAME_PAYLOAD`] bytes: 16,128 int32 or 8,064 int64). A job's own
+/// datagrams are at most [`datagram_len`] of its elements per packet.
+pub const MAX_DATAGRAM_LEN: usize = HEADER_LEN + MAX_FRAME_PAYLOAD;
+
+/// The longest datagram of a job with `elems_per_packet` elements of `dtype`
+/// per packet (what a result can be, too).
+pub const fn datagram_len(dtype: DType, elems_per_packet: u16) -> usize {
+    HEADER_LEN + dtype.size() * elems_per_packet as usize
+}
 
 /// An element type the switch combines: `i32` or `i64`.
 ///
@@ -1986,14 +1993,14 @@ mod tests {
                     elems_per_packet: 0,
                     ..ok
                 },
-                "job 9: 0 elements per packet is out of range 1..=360 for int32",
+                "job 9: 0 elements per packet is out of range 1..=16128 for int32",
             ),
             (
                 Member {
-                    elems_per_packet: 361,
+                    elems_per_packet: 16_129,
                     ..ok
                 },
-                "job 9: 361 elements per packet is out of range 1..=360 for int32",
+                "job 9: 16129 elements per packet is out of range 1..=16128 for int32",
             ),
             (
                 Member { slots: 0, ..ok },

@@ -161,7 +161,7 @@ impl JobConfig {
         Self {
             fan_in,
             slots,
-            elems_per_packet: DType::I32.max_elems() as u16,
+            elems_per_packet: DType::I32.narrow_elems() as u16,
             op: Op::Sum,
             dtype: DType::I32,
             mode: Mode::Allreduce,

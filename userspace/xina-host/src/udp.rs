@@ -65,6 +65,7 @@ use std::time::{Duration, Instant};
 use crate::call::{Scalar, Step, StepData, StepOutcome};
 use crate::engine::{
     Collective, Config, Element, Engine, MAX_DATAGRAM_LEN, Member, Mode, RttEstimator, Stats,
+    datagram_len,
 };
 use crate::error::Error;
 use crate::group::{GroupCollective, GroupEngine, GroupParams, GroupState};
@@ -94,6 +95,9 @@ const GSO_MAX_SEGMENTS: usize = 64;
 /// datagram before it is cut.
 const GSO_MAX_PAYLOAD: usize =
     u16::MAX as usize - xina_proto::net::IPV4_HLEN - xina_proto::net::UDP_HLEN;
+
+/// The longest datagram of a group (its payloads are narrow).
+const GROUP_DATAGRAM_LEN: usize = xina_proto::header::HEADER_LEN + xina_proto::MAX_PAYLOAD;
 
 /// The data of a `UDP_SEGMENT` control message: the segment length.
 type GsoSize = u16;
@@ -185,8 +189,8 @@ impl Core {
             config,
             next_chunk: 0,
             rtt: RttEstimator::new(),
-            tx: TxQueue::new(),
-            rx: RxBatch::new(),
+            tx: TxQueue::new(datagram_len(params.dtype, params.elems_per_packet)),
+            rx: RxBatch::new(datagram_len(params.dtype, params.elems_per_packet)),
         };
         socket
             .set_nonblocking(true)
@@ -552,8 +556,8 @@ impl GroupCore {
             params,
             config,
             state: GroupState::default(),
-            tx: TxQueue::new(),
-            rx: RxBatch::new(),
+            tx: TxQueue::new(GROUP_DATAGRAM_LEN),
+            rx: RxBatch::new(GROUP_DATAGRAM_LEN),
         }
     }
 
@@ -684,9 +688,12 @@ pub(crate) fn group_io_error(
 }
 
 /// Datagrams written by the engine and not yet taken by the kernel, oldest
-/// first: a ring of [`BATCH`] buffers of [`MAX_DATAGRAM_LEN`] bytes.
+/// first: a ring of [`BATCH`] buffers of the job's longest datagram (at
+/// most [`MAX_DATAGRAM_LEN`] bytes).
 pub(crate) struct TxQueue {
     bytes: Box<[u8]>,
+    /// Bytes of each buffer.
+    stride: usize,
     /// The length of the datagram in each buffer.
     lens: [usize; BATCH],
     /// The buffer of the oldest queued datagram.
@@ -696,9 +703,12 @@ pub(crate) struct TxQueue {
 }
 
 impl TxQueue {
-    pub(crate) fn new() -> Self {
+    /// A queue of buffers of `stride` bytes (at most [`MAX_DATAGRAM_LEN`]).
+    pub(crate) fn new(stride: usize) -> Self {
+        let stride = stride.clamp(1, MAX_DATAGRAM_LEN);
         Self {
-            bytes: vec![0; BATCH * MAX_DATAGRAM_LEN].into_boxed_slice(),
+            bytes: vec![0; BATCH * stride].into_boxed_slice(),
+            stride,
             lens: [0; BATCH],
             head: 0,
             len: 0,
@@ -719,7 +729,7 @@ impl TxQueue {
     pub(crate) fn fill(&mut self, mut write: impl FnMut(&mut [u8]) -> Option<usize>) {
         while self.len < BATCH {
             let slot = (self.head + self.len) % BATCH;
-            let buf = &mut self.bytes[slot * MAX_DATAGRAM_LEN..][..MAX_DATAGRAM_LEN];
+            let buf = &mut self.bytes[slot * self.stride..][..self.stride];
             let Some(len) = write(buf) else { break };
             self.lens[slot] = len;
             self.len += 1;
@@ -730,7 +740,7 @@ impl TxQueue {
     fn get(&self, i: usize) -> &[u8] {
         debug_assert!(i < self.len, "datagram {i} of {}", self.len);
         let slot = (self.head + i) % BATCH;
-        &self.bytes[slot * MAX_DATAGRAM_LEN..][..self.lens[slot]]
+        &self.bytes[slot * self.stride..][..self.lens[slot]]
     }
 
     /// How many queued datagrams, from the `first`, go out in one message:
@@ -774,22 +784,27 @@ impl std::fmt::Debug for TxQueue {
     }
 }
 
-/// The buffers one `recvmmsg(2)` fills: [`BATCH`] of [`MAX_DATAGRAM_LEN`]
-/// bytes.
+/// The buffers one `recvmmsg(2)` fills: [`BATCH`] of the job's longest
+/// datagram.
 ///
 /// No datagram the engine accepts is longer, and the engine reads only the
 /// header and the payload the header announces, so a longer datagram cut to
 /// this size gets the same verdict as it would whole.
 pub(crate) struct RxBatch {
     bytes: Box<[u8]>,
+    /// Bytes of each buffer.
+    stride: usize,
     /// The length of the datagram read into each buffer.
     lens: [usize; BATCH],
 }
 
 impl RxBatch {
-    pub(crate) fn new() -> Self {
+    /// Buffers of `stride` bytes (at most [`MAX_DATAGRAM_LEN`]).
+    pub(crate) fn new(stride: usize) -> Self {
+        let stride = stride.clamp(1, MAX_DATAGRAM_LEN);
         Self {
-            bytes: vec![0; BATCH * MAX_DATAGRAM_LEN].into_boxed_slice(),
+            bytes: vec![0; BATCH * stride].into_boxed_slice(),
+            stride,
             lens: [0; BATCH],
         }
     }
@@ -797,7 +812,7 @@ impl RxBatch {
     /// The first `count` datagrams of the last read.
     fn datagrams(&self, count: usize) -> impl Iterator<Item = &[u8]> {
         self.bytes
-            .chunks_exact(MAX_DATAGRAM_LEN)
+            .chunks_exact(self.stride)
             .zip(&self.lens)
             .take(count)
             .map(|(buf, &len)| &buf[..len])
@@ -870,14 +885,13 @@ impl Socket {
         rc == 0
     }
 
-    /// Asks for [`SOCKET_BUFFER_BYTES`] of send and receive buffer; a refusal
-    /// is logged, not fatal.
+    /// Asks for [`SOCKET_BUFFER_BYTES`] of send and receive buffer, past
+    /// `net.core.rmem_max` / `wmem_max` where the process may (`CAP_NET_ADMIN`:
+    /// the `FORCE` options), else up to them; a refusal is logged, not fatal.
+    /// A window of 64 KB results needs more than the kernel's default cap.
     fn grow_buffers(&self) {
         let bytes = libc::c_int::try_from(SOCKET_BUFFER_BYTES).unwrap_or(libc::c_int::MAX);
-        for (option, name) in [
-            (libc::SO_RCVBUF, "SO_RCVBUF"),
-            (libc::SO_SNDBUF, "SO_SNDBUF"),
-        ] {
+        let set = |option: libc::c_int| {
             let len = libc::socklen_t::try_from(size_of::<libc::c_int>())
                 .expect("the size of a c_int fits a socklen_t");
             // SAFETY: the descriptor is open for as long as `self.inner` lives;
@@ -891,8 +905,20 @@ impl Socket {
                     len,
                 )
             };
-            if rc != 0 {
-                log::debug!("setting {name} to {bytes}: {}", io::Error::last_os_error());
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            }
+        };
+        for (force, plain, name) in [
+            (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, "SO_RCVBUF"),
+            (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, "SO_SNDBUF"),
+        ] {
+            if set(force).is_err()
+                && let Err(e) = set(plain)
+            {
+                log::debug!("setting {name} to {bytes}: {e}");
             }
         }
     }
@@ -1100,7 +1126,7 @@ impl Socket {
         for ((iovec, header), buf) in iovecs
             .iter_mut()
             .zip(&mut headers)
-            .zip(batch.bytes.chunks_exact_mut(MAX_DATAGRAM_LEN))
+            .zip(batch.bytes.chunks_exact_mut(batch.stride))
         {
             iovec.iov_base = buf.as_mut_ptr().cast();
             iovec.iov_len = buf.len();
@@ -1111,7 +1137,7 @@ impl Socket {
         loop {
             // SAFETY: the descriptor is open for as long as `self.inner`
             // lives. Each of the `BATCH` headers points to one live iovec,
-            // and each iovec to its own `MAX_DATAGRAM_LEN`-byte buffer of
+            // and each iovec to its own `stride`-byte buffer of
             // `batch.bytes` with that length, so the kernel writes only into
             // those buffers and into the headers' `msg_len` and `msg_flags`.
             // All of them outlive the call, and nothing else touches
@@ -1137,10 +1163,10 @@ impl Socket {
             };
             for (len, header) in batch.lens.iter_mut().zip(&headers).take(count) {
                 if header.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
-                    log::trace!("a datagram longer than {MAX_DATAGRAM_LEN} bytes was cut");
+                    log::trace!("a datagram longer than {} bytes was cut", batch.stride);
                 }
-                *len = usize::try_from(header.msg_len)
-                    .map_or(MAX_DATAGRAM_LEN, |n| n.min(MAX_DATAGRAM_LEN));
+                *len =
+                    usize::try_from(header.msg_len).map_or(batch.stride, |n| n.min(batch.stride));
             }
             return Ok(count);
         }
@@ -1177,12 +1203,15 @@ mod tests {
     use std::os::fd::AsRawFd;
     use std::time::Duration;
 
-    use super::{BATCH, GSO_MAX_PAYLOAD, MAX_DATAGRAM_LEN, Socket, TxQueue};
+    use super::{BATCH, GROUP_DATAGRAM_LEN, GSO_MAX_PAYLOAD, MAX_DATAGRAM_LEN, Socket, TxQueue};
+
+    /// A full datagram of one 1,500-byte frame (1,472 bytes).
+    const NARROW: usize = GROUP_DATAGRAM_LEN;
 
     /// Queues one datagram per entry of `lens`, of that length, filled with
     /// its index.
     fn queue_of(lens: &[usize]) -> TxQueue {
-        let mut queue = TxQueue::new();
+        let mut queue = TxQueue::new(lens.iter().copied().max().unwrap_or(1).max(NARROW));
         let mut next = 0;
         queue.fill(|buf| {
             let &len = lens.get(next)?;
@@ -1210,8 +1239,8 @@ mod tests {
     #[test]
     fn segmented_sends_are_runs_of_equal_datagrams_within_the_kernels_limits() {
         // Full 1,472-byte datagrams: 44 fit one IPv4 datagram.
-        let queue = queue_of(&[MAX_DATAGRAM_LEN; BATCH]);
-        assert_eq!(GSO_MAX_PAYLOAD / MAX_DATAGRAM_LEN, 44);
+        let queue = queue_of(&[NARROW; BATCH]);
+        assert_eq!(GSO_MAX_PAYLOAD / NARROW, 44);
         assert_eq!(messages(&queue, true), [44, BATCH - 44]);
         assert_eq!(messages(&queue, false), [1; BATCH]);
         // Chunks of 256 elements (1,056 bytes): 62.
@@ -1263,13 +1292,27 @@ mod tests {
 
     #[test]
     fn a_batch_arrives_as_separate_whole_datagrams_in_order() {
-        let mut lens = vec![MAX_DATAGRAM_LEN; BATCH];
+        let mut lens = vec![NARROW; BATCH];
         lens[50] = 100;
         lens[63] = 36;
         let gso = send_and_check(&lens, |_| ());
         println!("UDP GSO {}", if gso { "used" } else { "unavailable" });
         send_and_check(&[1056, 1056, 1056, 500, 1056, 1056, 36], |_| ());
         send_and_check(&[40], |_| ());
+    }
+
+    #[test]
+    fn wide_datagrams_go_whole_one_per_message() {
+        // 64 KB frames: one datagram is as big as a segmented send may be.
+        assert_eq!(GSO_MAX_PAYLOAD / MAX_DATAGRAM_LEN, 1);
+        let mut lens = vec![MAX_DATAGRAM_LEN; 12];
+        lens[5] = 8_960;
+        lens[11] = 36;
+        assert_eq!(messages(&queue_of(&lens), true), [1; 12]);
+        send_and_check(&lens, |_| ());
+        // 9000-byte frames: seven to a segmented send.
+        assert_eq!(messages(&queue_of(&[8_972; 20]), true), [7, 7, 6]);
+        send_and_check(&[8_972; 20], |_| ());
     }
 
     #[test]
@@ -1280,7 +1323,7 @@ mod tests {
         // does not name it for Linux).
         const SO_NO_CHECK: libc::c_int = 11;
         let mut had_gso = false;
-        let lens = [MAX_DATAGRAM_LEN; 10];
+        let lens = [NARROW; 10];
         let gso = send_and_check(&lens, |socket| {
             had_gso = socket.gso;
             let on: libc::c_int = 1;
@@ -1309,7 +1352,7 @@ mod tests {
     fn queue_numbered(queue: &mut TxQueue, from: u8, until: u8) -> u8 {
         let mut next = from;
         queue.fill(|buf| {
-            assert_eq!(buf.len(), MAX_DATAGRAM_LEN);
+            assert_eq!(buf.len(), NARROW);
             if next == until {
                 return None;
             }
@@ -1334,7 +1377,7 @@ mod tests {
 
     #[test]
     fn partial_sends_keep_the_rest_queued_in_order_across_the_ring_boundary() {
-        let mut queue = TxQueue::new();
+        let mut queue = TxQueue::new(NARROW);
         let batch = u8::try_from(BATCH).unwrap();
         // A full queue: the writer is not asked for more than fits.
         let next = queue_numbered(&mut queue, 0, 200);

@@ -328,7 +328,7 @@ fn invalid_parameters_and_addresses_are_rejected() {
         params(0, 65, 8, 1, switch),
         params(3, 3, 8, 1, switch),
         params(0, 3, 0, 1, switch),
-        params(0, 3, 361, 1, switch),
+        params(0, 3, 16_129, 1, switch),
         params(0, 3, 8, 0, switch),
     ];
     for p in cases {

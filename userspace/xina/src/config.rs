@@ -3,7 +3,8 @@
 //! ```toml
 //! [switch]
 //! ports = ["sp0", "sp1", "sp2"] # interfaces that become switch ports
-//! slot_pool = 4096            # aggregator slots (2 x 1,056 bytes each)
+//! slot_pool = 4096            # aggregator slots (2 x 2,928 bytes each)
+//! units = 32768               # wide-path memory in 1 KiB units (jobs above 360 i32 per packet)
 //! xdp_mode = "auto"           # auto | native | generic
 //!
 //! [[jobs]]
@@ -11,7 +12,8 @@
 //! op = "sum"                  # sum | max | min
 //! dtype = "i32"               # i32 | i64
 //! mode = "allreduce"          # allreduce | reduce | reduce-scatter
-//! elems_per_packet = 256      # elements per packet: 1..=360 (i32), 1..=180 (i64)
+//! elems_per_packet = 256      # 1..=16128 (i32), 1..=8064 (i64), within every member port's MTU;
+//!                             # above 360 / 180 (the wide path): allreduce only
 //! slot_base = 0               # the job's private slot range in the pool
 //! slot_count = 64             # = the workers' window of chunks in flight
 //!
@@ -86,6 +88,9 @@ pub struct Switch {
     pub ports: Vec<String>,
     #[serde(default = "default_slot_pool")]
     pub slot_pool: u32,
+    /// Units (1 KiB) of the wide path's memory.
+    #[serde(default = "default_units")]
+    pub units: u32,
     #[serde(default)]
     pub xdp_mode: XdpModeName,
     /// Log chunk completions from the dataplane (slow; for debugging).
@@ -96,6 +101,13 @@ pub struct Switch {
 fn default_slot_pool() -> u32 {
     xina_proto::maps::DEFAULT_SLOT_POOL
 }
+
+fn default_units() -> u32 {
+    xina_proto::maps::DEFAULT_UNITS
+}
+
+/// Most units of wide-path memory a switch may have (1 GiB).
+pub const MAX_UNITS: u32 = 1 << 20;
 
 /// A checked job or group of a configuration (a `[[jobs]]` entry) or of a
 /// job file, with every default filled in.
@@ -355,6 +367,12 @@ fn check_switch(sw: &Switch) -> Result<(), ConfigError> {
             format!("{} (must be 1..={MAX_SLOT_POOL})", sw.slot_pool),
         ));
     }
+    if sw.units == 0 || sw.units > MAX_UNITS {
+        return Err(err(
+            "switch.units",
+            format!("{} (must be 1..={MAX_UNITS})", sw.units),
+        ));
+    }
     Ok(())
 }
 
@@ -433,7 +451,7 @@ fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
 /// op = "sum"                  # sum | max | min
 /// dtype = "i32"               # i32 | i64
 /// mode = "allreduce"          # allreduce | reduce | reduce-scatter
-/// elems_per_packet = 256      # 1..=360 (i32), 1..=180 (i64), and within every member port's MTU
+/// elems_per_packet = 256      # 1..=16128 (i32), 1..=8064 (i64), and within every member port's MTU
 /// slot_count = 64             # slots to allocate = the workers' window
 /// # slot_base = 128           # optional: this exact range instead of the first free one
 ///
@@ -576,7 +594,19 @@ impl JobFile {
                 return Err(err(
                     at("elems_per_packet"),
                     format!(
-                        "{elems} (must be 1..={max} for {dtype:?}, so a packet fits a 1500-byte MTU)"
+                        "{elems} (must be 1..={max} for {dtype:?}: {} payload bytes; the ports' MTUs may allow fewer)",
+                        xina_proto::MAX_FRAME_PAYLOAD
+                    ),
+                ));
+            }
+            if xina_proto::frame::is_wide(dtype, usize::from(elems)) && mode != Mode::Allreduce {
+                return Err(err(
+                    at("elems_per_packet"),
+                    format!(
+                        "{elems}: above {} {dtype:?} per packet (one 1,500-byte frame) only allreduce \
+                         jobs are supported; a {} job must stay within it",
+                        dtype.narrow_elems(),
+                        mode.name()
                     ),
                 ));
             }
@@ -946,8 +976,13 @@ interface = "sp0"
             ("slot_count = 64", "slot_count = 0", "jobs[0].slot_count: 0"),
             (
                 "elems_per_packet = 256",
-                "elems_per_packet = 361",
-                "jobs[0].elems_per_packet: 361",
+                "elems_per_packet = 16129",
+                "jobs[0].elems_per_packet: 16129 (must be 1..=16128 for I32",
+            ),
+            (
+                "elems_per_packet = 256",
+                "elems_per_packet = 361\nmode = \"reduce\"",
+                "jobs[0].elems_per_packet: 361: above 360 I32 per packet (one 1,500-byte frame) only allreduce",
             ),
             (
                 "elems_per_packet = 256",
@@ -1006,8 +1041,8 @@ interface = "sp0"
             ),
             (
                 "elems_per_packet = 256",
-                "elems_per_packet = 200\ndtype = \"i64\"",
-                "jobs[0].elems_per_packet: 200 (must be 1..=180 for I64",
+                "elems_per_packet = 8065\ndtype = \"i64\"",
+                "jobs[0].elems_per_packet: 8065 (must be 1..=8064 for I64",
             ),
             ("id = 7", "id = 7\ncolour = 3", "unknown field `colour`"),
             (

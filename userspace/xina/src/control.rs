@@ -18,10 +18,7 @@
 use std::{collections::BTreeMap, fs::File, net::Ipv4Addr};
 
 use serde::Serialize;
-use xina_proto::{
-    header::HEADER_LEN,
-    net::{IPV4_HLEN, UDP_HLEN},
-};
+use xina_proto::frame;
 
 use crate::{
     config::{Config, ConfigError, JobFile, Mac, XdpModeName, overlap},
@@ -205,32 +202,50 @@ pub fn add_job(dp: &mut Dataplane, file: &JobFile) -> Result<JobSpec, JobError> 
     };
     let ports: Vec<String> = dp.ports().iter().map(|p| p.name.clone()).collect();
     let job = file.check(slot_base, &ports, pool, netdev::neighbour)?;
-    let bytes =
-        IPV4_HLEN + UDP_HLEN + HEADER_LEN + usize::from(job.elems_per_packet) * job.dtype.size();
-    let (field, unit) = if job.mode.is_group() {
-        ("bytes_per_packet", "bytes")
-    } else {
-        ("elems_per_packet", "elements")
-    };
-    for (m, member) in job.members.iter().enumerate() {
-        let mtu = netdev::mtu(&member.interface)
-            .map_err(|e| bad(&format!("members[{m}].interface"), format!("{e}")))?;
-        if bytes > usize::try_from(mtu).unwrap_or(usize::MAX) {
-            return Err(bad(
-                field,
-                format!(
-                    "{} {unit} make {bytes}-byte IP packets, more than the {mtu}-byte MTU of {} (members[{m}])",
-                    job.elems_per_packet, member.interface
-                ),
-            ));
-        }
-    }
+    check_mtu("", &job)?;
     let spec = job.resolve("", |name| {
         let ifindex = dp.ports().iter().find(|p| p.name == name)?.ifindex;
         Some((ifindex, netdev::mac(name).ok()?))
     })?;
     dp.install_job(&spec)?;
     Ok(spec)
+}
+
+/// Checks that the job's packets fit the MTU of every member's switch port
+/// (read from the interface, in this thread's network namespace): a frame
+/// of `elems_per_packet` elements (a group's `bytes_per_packet`) is an IP
+/// packet of [`frame::ip_len`] bytes. Field names in errors start with
+/// `prefix` (`jobs[2].` in a switch file).
+///
+/// # Errors
+/// The first port whose MTU is too small, naming it, its MTU and the
+/// packet size; an interface whose MTU cannot be read.
+pub fn check_mtu(prefix: &str, job: &crate::config::Job) -> Result<(), ConfigError> {
+    let bytes = frame::ip_len(job.dtype, usize::from(job.elems_per_packet));
+    let (field, unit) = if job.mode.is_group() {
+        ("bytes_per_packet", "bytes")
+    } else {
+        ("elems_per_packet", "elements")
+    };
+    for (m, member) in job.members.iter().enumerate() {
+        let mtu = netdev::mtu(&member.interface).map_err(|e| ConfigError {
+            field: format!("{prefix}members[{m}].interface"),
+            message: format!("{e}"),
+        })?;
+        if bytes > usize::try_from(mtu).unwrap_or(usize::MAX) {
+            return Err(ConfigError {
+                field: format!("{prefix}{field}"),
+                message: format!(
+                    "{} {unit} make {bytes}-byte IP packets, more than the {mtu}-byte MTU of {} (members[{m}]); \
+                     at this MTU a packet takes at most {} {unit}",
+                    job.elems_per_packet,
+                    member.interface,
+                    frame::elems_for_mtu(job.dtype, usize::try_from(mtu).unwrap_or(0))
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Marks member `rank` of anycast group `job` down (it receives nothing new)

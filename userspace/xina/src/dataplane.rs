@@ -22,17 +22,21 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, DevMap, HashMap, MapData, PerCpuArray, PerCpuValues, ProgramArray},
     programs::{
-        ProgramError, ProgramFd, TestRun, TestRunOptions, Xdp, XdpMode,
+        ProgramError, ProgramFd, SchedClassifier, TcAttachType, TestRun, TestRunOptions, Xdp,
+        XdpMode,
         links::{FdLink, PinnedLink},
+        tc::{SchedClassifierLink, SchedClassifierLinkId},
         xdp::{XdpLink, XdpLinkId},
     },
 };
 use xina_proto::{
     DType, MAX_RANKS, Op,
     counters::Counter,
+    frame,
     maps::{
-        CounterBlock, DEFAULT_SLOT_POOL, Job, MAX_JOBS, MAX_PORTS, MEMBER_PACKETS_PER_JOB, Member,
-        MemberKey, NO_PORT_INDEX, PortKey, Slot, member_flags, mode, names, programs,
+        CounterBlock, DEFAULT_SLOT_POOL, DEFAULT_UNITS, Job, MAX_JOBS, MAX_PORTS,
+        MEMBER_PACKETS_PER_JOB, Member, MemberKey, NO_PORT_INDEX, PortKey, Slot, member_flags,
+        mode, names, programs,
     },
 };
 
@@ -125,6 +129,9 @@ pub enum Error {
 pub struct LoadOptions {
     /// Number of aggregator slots in the pool (each has two copies).
     pub slot_pool: u32,
+    /// Units of the wide path's memory ([`xina_proto::frame::UNIT_BYTES`]
+    /// each): what wide jobs' partials and results are allocated from.
+    pub units: u32,
     /// Log chunk completions and cache replies from the dataplane (costly).
     pub debug: bool,
 }
@@ -133,7 +140,30 @@ impl Default for LoadOptions {
     fn default() -> Self {
         Self {
             slot_pool: DEFAULT_SLOT_POOL,
+            units: DEFAULT_UNITS,
             debug: false,
+        }
+    }
+}
+
+/// The kernel's possible CPUs: how many partials a wide slot copy has.
+fn possible_cpus() -> Result<u32, Error> {
+    let n = aya::util::nr_cpus().map_err(|(what, source)| Error::Pin {
+        what: format!("reading the possible CPUs ({what})"),
+        source,
+    })?;
+    Ok(u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// A random non-zero fan-out key (see `xina_proto::maps::FanoutMeta`).
+fn fanout_key() -> u32 {
+    let mut key = [0u8; 4];
+    loop {
+        // SAFETY: `key` is a writable buffer of 4 bytes.
+        let n = unsafe { libc::getrandom(key.as_mut_ptr().cast(), key.len(), 0) };
+        let k = u32::from_ne_bytes(key);
+        if n == 4 && k != 0 {
+            return k;
         }
     }
 }
@@ -229,6 +259,12 @@ pub struct JobSpec {
 }
 
 impl JobSpec {
+    /// Whether the job runs on the wide path: more elements per packet than
+    /// one 1,500-byte frame holds (see [`xina_proto::frame`]).
+    pub fn is_wide(&self) -> bool {
+        !self.mode.is_group() && frame::is_wide(self.dtype, usize::from(self.elems_per_packet))
+    }
+
     /// The job entry's `all_ranks`: the ranks whose bits complete a chunk
     /// (every member) for an aggregation job and a multicast group, where a
     /// chunk from rank `r` goes to every member but `r`; for an anycast
@@ -312,6 +348,8 @@ pub struct Port {
     /// Its index in the `PORTS` devmap and the `PORT_COUNTERS` array.
     pub index: u32,
     link: PortLink,
+    /// What keeps the fan-out program on the port's TCX ingress.
+    fanout: FanoutLink,
 }
 
 impl Port {
@@ -331,6 +369,14 @@ enum PortLink {
     /// detaches it.
     Owned(XdpLinkId),
     /// A link pinned at this path: it stays attached without any process.
+    Pinned(PathBuf),
+}
+
+/// What keeps a port's fan-out program attached (TCX ingress).
+#[derive(Debug)]
+enum FanoutLink {
+    Owned(SchedClassifierLinkId),
+    /// Pinned at this path (empty: not found when the switch was opened).
     Pinned(PathBuf),
 }
 
@@ -408,6 +454,9 @@ pub struct TestOutput {
     pub action: u32,
     /// The frame as the program left it.
     pub frame: Vec<u8>,
+    /// The XDP metadata it left in front of the frame (the wide path's
+    /// fan-out mark on a completed result; empty otherwise).
+    pub meta: Vec<u8>,
 }
 
 /// Reader of the dataplane's aya-log records (see [`Dataplane::take_logger`]).
@@ -428,7 +477,13 @@ pub struct Dataplane {
     jobs: BTreeMap<u32, JobSpec>,
     /// Each installed job's block in `JOB_COUNTERS`.
     job_counters: BTreeMap<u32, u16>,
+    /// Each installed wide job's first unit in `UNITS`.
+    job_units: BTreeMap<u32, u32>,
     slot_pool: u32,
+    /// Units in `UNITS`.
+    units: u32,
+    /// Possible CPUs: partials per wide slot copy.
+    cpus: u32,
     logger: Option<Logger>,
     /// Where the switch is pinned, if it is.
     pins: Option<PinDir>,
@@ -455,9 +510,14 @@ impl Dataplane {
     /// # Errors
     /// When the kernel refuses the object (no BPF rights, verifier).
     pub fn load(opts: LoadOptions) -> Result<Self, Error> {
+        let cpus = possible_cpus()?;
         let ebpf = EbpfLoader::new()
             .map_max_entries(names::SLOTS, 2 * opts.slot_pool)
+            .map_max_entries(names::UNITS, opts.units.max(1))
+            .map_max_entries(names::WIDE_SCRATCH, cpus)
             .override_global("XINA_DEBUG", &u8::from(opts.debug), true)
+            .override_global("XINA_CPUS", &cpus, true)
+            .override_global("XINA_FANOUT_KEY", &fanout_key(), true)
             .load(EBPF_OBJECT)
             .map_err(Error::Load)?;
         let (programs, mut maps) = load_programs(ebpf)?;
@@ -479,7 +539,10 @@ impl Dataplane {
             ports: Vec::new(),
             jobs: BTreeMap::new(),
             job_counters: BTreeMap::new(),
+            job_units: BTreeMap::new(),
             slot_pool: opts.slot_pool,
+            units: opts.units.max(1),
+            cpus,
             logger,
             pins: None,
         })
@@ -508,10 +571,19 @@ impl Dataplane {
             .map(|n| (n, dir.map(n)))
             .collect();
         let debug = u8::from(debug);
+        let key = fanout_key();
         let mut loader = EbpfLoader::new();
+        // A new fan-out key: results the old programs marked with the old
+        // one while the programs are switched over are dropped by the new
+        // fan-out program, and recovered by the workers' retransmissions
+        // (answered from the slots).
         loader
             .map_max_entries(names::SLOTS, 2 * old.slot_pool)
-            .override_global("XINA_DEBUG", &debug, true);
+            .map_max_entries(names::UNITS, old.units)
+            .map_max_entries(names::WIDE_SCRATCH, old.cpus)
+            .override_global("XINA_DEBUG", &debug, true)
+            .override_global("XINA_CPUS", &old.cpus, true)
+            .override_global("XINA_FANOUT_KEY", &key, true);
         for (name, path) in &map_paths {
             loader.map_pin_path(name, path.as_path());
         }
@@ -542,6 +614,15 @@ impl Dataplane {
                 .attach_to_link(link)
                 .map_err(|e| relink(e.to_string()))?;
             // Closing our descriptor leaves the link to its pin.
+            drop(prog.take_link(id).map_err(|e| relink(e.to_string()))?);
+            let tc_path = dir.tc_link(&port.name, port.ifindex);
+            let link = PinnedLink::from_pin(&tc_path).map_err(|e| relink(e.to_string()))?;
+            let link = SchedClassifierLink::try_from(FdLink::from(link))
+                .map_err(|e| relink(e.to_string()))?;
+            let prog = tc_mut(&mut programs)?;
+            let id = prog
+                .attach_to_link(link)
+                .map_err(|e| relink(e.to_string()))?;
             drop(prog.take_link(id).map_err(|e| relink(e.to_string()))?);
         }
         for name in pin::PROGRAMS {
@@ -652,7 +733,7 @@ impl Dataplane {
             });
         }
         let mut maps = Maps::new();
-        let mut slot_pool = 0;
+        let (mut slot_pool, mut units, mut cpus) = (0, 0, 0);
         for name in pin::MAPS {
             let path = dir.map(name);
             let data = MapData::from_pin(&path).map_err(|source| Error::Map {
@@ -660,13 +741,17 @@ impl Dataplane {
                 what: format!("opening pin {}", path.display()),
                 source,
             })?;
-            if name == names::SLOTS {
+            if [names::SLOTS, names::UNITS, names::WIDE_SCRATCH].contains(&name) {
                 let info = data.info().map_err(|source| Error::Map {
                     name,
                     what: "info".to_owned(),
                     source,
                 })?;
-                slot_pool = info.max_entries() / 2;
+                match name {
+                    names::SLOTS => slot_pool = info.max_entries() / 2,
+                    names::UNITS => units = info.max_entries(),
+                    _ => cpus = info.max_entries(),
+                }
             }
             let map = aya::maps::Map::from_map_data(data).map_err(|source| Error::Map {
                 name,
@@ -681,7 +766,10 @@ impl Dataplane {
             ports: Vec::new(),
             jobs: BTreeMap::new(),
             job_counters: BTreeMap::new(),
+            job_units: BTreeMap::new(),
             slot_pool,
+            units,
+            cpus,
             logger: None,
             pins: Some(dir.clone()),
         };
@@ -712,12 +800,19 @@ impl Dataplane {
                     PathBuf::new(),
                 ),
             };
+            let tc_path = dir.tc_link(&name, ifindex);
+            let fanout = FanoutLink::Pinned(if tc_path.exists() {
+                tc_path
+            } else {
+                PathBuf::new()
+            });
             self.ports.push(Port {
                 name,
                 ifindex,
                 mode,
                 index,
                 link: PortLink::Pinned(path),
+                fanout,
             });
         }
         self.ports.sort_by_key(|p| p.index);
@@ -772,10 +867,14 @@ impl Dataplane {
                     members: specs,
                 },
                 job.counters,
+                job.unit_base,
             ));
         }
-        for (spec, counters) in out {
+        for (spec, counters, unit_base) in out {
             self.job_counters.insert(spec.id, counters);
+            if spec.is_wide() {
+                self.job_units.insert(spec.id, unit_base);
+            }
             self.jobs.insert(spec.id, spec);
         }
         Ok(())
@@ -898,12 +997,21 @@ impl Dataplane {
                 return Err(e);
             }
         };
+        let fanout = match self.attach_fanout(ifname, ifindex) {
+            Ok(f) => f,
+            Err(e) => {
+                self.detach_port(ifname, link, None);
+                self.clear_port_slot(index, ifindex);
+                return Err(e);
+            }
+        };
         self.ports.push(Port {
             name: ifname.to_owned(),
             ifindex,
             mode,
             index,
             link,
+            fanout,
         });
         Ok(self.ports.last().expect("just pushed"))
     }
@@ -955,6 +1063,69 @@ impl Dataplane {
         pinned.map(|_| PortLink::Pinned(path))
     }
 
+    /// Attaches the fan-out program to the port's TCX ingress (pinned on a
+    /// pinned switch).
+    fn attach_fanout(&mut self, ifname: &str, ifindex: u32) -> Result<FanoutLink, Error> {
+        let err = |source| Error::Program {
+            name: programs::FANOUT,
+            what: "attach (TCX ingress)",
+            source,
+        };
+        let pins = self.pins.clone();
+        let prog = tc_mut(&mut self.programs)?;
+        let id = prog.attach(ifname, TcAttachType::Ingress).map_err(err)?;
+        let Some(dir) = pins else {
+            return Ok(FanoutLink::Owned(id));
+        };
+        let path = dir.tc_link(ifname, ifindex);
+        let link = prog.take_link(id).map_err(err)?;
+        let link = FdLink::try_from(link).map_err(|e| Error::Pin {
+            what: format!("{ifname}: the TCX attachment is not a bpf_link ({e})"),
+            source: std::io::Error::other(e),
+        })?;
+        link.pin(&path).map_err(|e| Error::Pin {
+            what: format!("pinning the fan-out link of {ifname} at {}", path.display()),
+            source: std::io::Error::other(e),
+        })?;
+        Ok(FanoutLink::Pinned(path))
+    }
+
+    /// Detaches a port's programs (the XDP link, and the fan-out link if
+    /// there is one).
+    fn detach_port(&mut self, name: &str, link: PortLink, fanout: Option<FanoutLink>) {
+        match link {
+            PortLink::Owned(id) => {
+                if let Ok(prog) = xdp_mut(&mut self.programs, programs::SWITCH)
+                    && let Err(e) = prog.detach(id)
+                {
+                    log::warn!("detaching from {name}: {e}");
+                }
+            }
+            PortLink::Pinned(path) => {
+                if let Err(e) = pin::unpin_link(&path) {
+                    log::warn!("detaching from {name}: {e}");
+                }
+            }
+        }
+        match fanout {
+            None => {}
+            Some(FanoutLink::Owned(id)) => {
+                if let Ok(prog) = tc_mut(&mut self.programs)
+                    && let Err(e) = prog.detach(id)
+                {
+                    log::warn!("detaching the fan-out program from {name}: {e}");
+                }
+            }
+            Some(FanoutLink::Pinned(path)) => {
+                if !path.as_os_str().is_empty()
+                    && let Err(e) = pin::unpin_link(&path)
+                {
+                    log::warn!("detaching the fan-out program from {name}: {e}");
+                }
+            }
+        }
+    }
+
     fn clear_port_slot(&mut self, index: u32, ifindex: u32) {
         if let Ok(mut ports) = map_mut::<DevMap<&mut MapData>>(&mut self.maps, names::PORTS) {
             // An entry with ifindex 0 is what an unused devmap slot holds;
@@ -973,20 +1144,7 @@ impl Dataplane {
     pub fn detach_all(&mut self) {
         let ports = std::mem::take(&mut self.ports);
         for port in ports.into_iter().rev() {
-            match port.link {
-                PortLink::Owned(id) => {
-                    if let Ok(prog) = xdp_mut(&mut self.programs, programs::SWITCH)
-                        && let Err(e) = prog.detach(id)
-                    {
-                        log::warn!("detaching from {}: {e}", port.name);
-                    }
-                }
-                PortLink::Pinned(path) => {
-                    if let Err(e) = pin::unpin_link(&path) {
-                        log::warn!("detaching from {}: {e}", port.name);
-                    }
-                }
-            }
+            self.detach_port(&port.name, port.link, Some(port.fanout));
             self.clear_port_slot(port.index, port.ifindex);
         }
     }
@@ -1087,14 +1245,68 @@ impl Dataplane {
                 job: job.id,
                 what: format!("{MAX_JOBS} jobs are installed already"),
             })?;
-        let res = self.write_job(job, counters);
+        let unit_base = if job.is_wide() {
+            self.allocate_units(job)?
+        } else {
+            0
+        };
+        let res = self.write_job(job, counters, unit_base);
         if res.is_err() {
             self.erase_job(job);
         } else {
             self.job_counters.insert(job.id, counters);
+            if job.is_wide() {
+                self.job_units.insert(job.id, unit_base);
+            }
             self.jobs.insert(job.id, job.clone());
         }
         res
+    }
+
+    /// Units of `UNITS` a wide job needs ([`xina_proto::frame::wide_units`]).
+    pub fn units_needed(&self, job: &JobSpec) -> u64 {
+        frame::wide_units(usize::from(job.elems_per_packet), job.slot_count, self.cpus)
+    }
+
+    /// Units in the wide path's pool, and CPUs (partials per slot copy).
+    pub fn unit_pool(&self) -> (u32, u32) {
+        (self.units, self.cpus)
+    }
+
+    /// The first unit of a free range for `job` (first fit).
+    fn allocate_units(&self, job: &JobSpec) -> Result<u32, Error> {
+        let need = self.units_needed(job);
+        let mut used: Vec<(u64, u64)> = self
+            .job_units
+            .iter()
+            .filter_map(|(id, base)| {
+                let other = self.jobs.get(id)?;
+                Some((
+                    u64::from(*base),
+                    u64::from(*base) + self.units_needed(other),
+                ))
+            })
+            .collect();
+        used.sort_unstable();
+        let mut at = 0u64;
+        for (b, e) in used {
+            if b >= at + need {
+                break;
+            }
+            at = at.max(e);
+        }
+        if at + need > u64::from(self.units) {
+            return Err(Error::Job {
+                job: job.id,
+                what: format!(
+                    "{need} units of wide-path memory wanted ({} slots of {} elements on {} CPUs), \
+                     but the switch's pool of {} units has no free range that large \
+                     (`units` in the switch file's [switch] section sets it)",
+                    job.slot_count, job.elems_per_packet, self.cpus, self.units
+                ),
+            });
+        }
+        Ok(u32::try_from(at).expect("below the pool size"))
     }
 
     fn check_job(&self, job: &JobSpec) -> Result<(), Error> {
@@ -1131,6 +1343,14 @@ impl Dataplane {
             )));
         }
         check_group(job).map_err(bad)?;
+        if job.is_wide() && job.mode != Mode::Allreduce {
+            return Err(bad(format!(
+                "elems_per_packet {} is above the {} of one 1,500-byte frame: only allreduce \
+                 jobs take bigger frames (the wide path has no reduce or reduce-scatter delivery)",
+                job.elems_per_packet,
+                job.dtype.narrow_elems()
+            )));
+        }
         let end = u64::from(job.slot_base) + u64::from(job.slot_count);
         // An anycast group needs no slots.
         let slots_needed = job.mode != Mode::Anycast;
@@ -1157,7 +1377,7 @@ impl Dataplane {
         Ok(())
     }
 
-    fn write_job(&mut self, job: &JobSpec, counters: u16) -> Result<(), Error> {
+    fn write_job(&mut self, job: &JobSpec, counters: u16, unit_base: u32) -> Result<(), Error> {
         let map_err =
             |name: &'static str, what: String| move |source| Error::Map { name, what, source };
         {
@@ -1212,6 +1432,13 @@ impl Dataplane {
             slot_base: job.slot_base,
             slot_count: job.slot_count,
             all_ranks: job.all_ranks(),
+            unit_base,
+            blocks: if job.is_wide() {
+                u32::try_from(frame::blocks(usize::from(job.elems_per_packet)))
+                    .expect("at most MAX_BLOCKS")
+            } else {
+                0
+            },
         };
         self.reset_counter_block(names::JOB_COUNTERS, u32::from(counters))?;
         self.reset_member_packets(counters)?;
@@ -1257,6 +1484,7 @@ impl Dataplane {
     pub fn remove_job(&mut self, id: u32) -> Result<(), Error> {
         let job = self.jobs.remove(&id).ok_or(Error::NoSuchJob(id))?;
         let counters = self.job_counters.remove(&id);
+        self.job_units.remove(&id);
         self.erase_job(&job);
         // The job's traffic is gone; leave the block clean for the next
         // job that gets it (install zeroes it too).
@@ -1620,7 +1848,12 @@ fn load_programs(ebpf: Ebpf) -> Result<(Ebpf, Maps), Error> {
         programs::GROUP,
     ];
     let mut ebpf = Some(ebpf);
-    for name in names.into_iter().chain(programs::AGGREGATE) {
+    for name in names
+        .into_iter()
+        .chain(programs::AGGREGATE)
+        .chain(programs::WIDE)
+    {
+        let started = std::time::Instant::now();
         xdp_mut(&mut ebpf, name)?
             .load()
             .map_err(|source| Error::Program {
@@ -1628,7 +1861,13 @@ fn load_programs(ebpf: Ebpf) -> Result<(Ebpf, Maps), Error> {
                 what: "load",
                 source,
             })?;
+        log::debug!("{name}: loaded in {:?}", started.elapsed());
     }
+    tc_mut(&mut ebpf)?.load().map_err(|source| Error::Program {
+        name: programs::FANOUT,
+        what: "load",
+        source,
+    })?;
     let mut ebpf = ebpf.expect("set above");
     let map_names: Vec<String> = ebpf.maps().map(|(n, _)| n.to_owned()).collect();
     let maps = map_names
@@ -1642,7 +1881,8 @@ fn load_programs(ebpf: Ebpf) -> Result<(Ebpf, Maps), Error> {
 /// programs and the group program, by index: what `xina_switch` tail-calls.
 fn set_aggregate(programs: &mut Option<Ebpf>, maps: &mut Maps) -> Result<(), Error> {
     let group = [(programs::GROUP_INDEX, programs::GROUP)];
-    for (index, name) in (0u32..).zip(programs::AGGREGATE).chain(group) {
+    let wide = (programs::WIDE_BASE..).zip(programs::WIDE);
+    for (index, name) in (0u32..).zip(programs::AGGREGATE).chain(group).chain(wide) {
         let fd = program_fd(programs, name)?;
         let mut array: ProgramArray<&mut MapData> = map_mut(maps, names::AGGREGATE)?;
         array.set(index, &fd, 0).map_err(|source| Error::Map {
@@ -1730,24 +1970,46 @@ fn run_timed(
     let len = u32::try_from(frame.len()).expect("frames are small");
     ctx[4..8].copy_from_slice(&len.to_ne_bytes());
     ctx[12..16].copy_from_slice(&ingress_ifindex.to_ne_bytes());
-    // Room for a frame that grows (it does not today).
+    // Room for a frame that grows (it does not today), and for metadata.
     let mut out = vec![0u8; frame.len() + 256];
+    let mut ctx_out = [0u8; 24];
     let mut opts = TestRunOptions::new();
     opts.data_in = Some(frame);
     opts.data_out = Some(&mut out);
     opts.ctx_in = Some(&ctx);
+    opts.ctx_out = Some(&mut ctx_out);
     opts.repeat = repeat.max(1);
     let result = prog
         .test_run(opts)
         .map_err(|source| Error::TestRun { name, source })?;
     out.truncate(result.data_size_out as usize);
+    // The output starts with the metadata the program left; `ctx_out.data`
+    // is its length.
+    let meta_len = u32::from_ne_bytes(ctx_out[0..4].try_into().expect("4 bytes")) as usize;
+    let frame = out.split_off(meta_len.min(out.len()));
     Ok((
         TestOutput {
             action: result.return_value,
-            frame: out,
+            frame,
+            meta: out,
         },
         result.duration,
     ))
+}
+
+/// The fan-out program.
+fn tc_mut(ebpf: &mut Option<Ebpf>) -> Result<&mut SchedClassifier, Error> {
+    let name = programs::FANOUT;
+    ebpf.as_mut()
+        .ok_or(Error::NotLoadedHere(name))?
+        .program_mut(name)
+        .ok_or(Error::MissingProgram(name))?
+        .try_into()
+        .map_err(|source| Error::Program {
+            name,
+            what: "type",
+            source,
+        })
 }
 
 fn xdp_mut<'a>(ebpf: &'a mut Option<Ebpf>, name: &'static str) -> Result<&'a mut Xdp, Error> {

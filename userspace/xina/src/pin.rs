@@ -7,9 +7,10 @@
 //! /sys/fs/bpf/xina/NAME/
 //! ├── maps/JOBS, MEMBERS, PORT_MEMBERS, SLOTS, PORTS, COUNTERS,
 //! │        JOB_COUNTERS, PORT_COUNTERS, PORT_INDEX, AGGREGATE, SCRATCH,
-//! │        MEMBER_PACKETS, AYA_LOGS
+//! │        MEMBER_PACKETS, UNITS, WIDE_SCRATCH, AYA_LOGS
 //! ├── progs/xina_switch, xina_egress
 //! └── links/IFNAME:IFINDEX:MODE   one XDP bpf_link per port (MODE: native | generic)
+//!     links/IFNAME:IFINDEX:tc     and the fan-out program's TCX link
 //! ```
 //!
 //! Everything the control plane needs after a restart is in these pins: the
@@ -43,7 +44,7 @@ const BPF_FS_MAGIC: libc::__fsword_t = 0xcafe_4a11;
 /// hold them: the test-run egress ifindex, globals). `SCRATCH` is private
 /// too, but pinned so that after `xina switch upgrade` old and new programs
 /// hand contributions over through the same per-CPU scratch.
-pub const MAPS: [&str; 12] = [
+pub const MAPS: [&str; 14] = [
     names::JOBS,
     names::MEMBERS,
     names::PORT_MEMBERS,
@@ -56,6 +57,8 @@ pub const MAPS: [&str; 12] = [
     names::AGGREGATE,
     names::SCRATCH,
     names::MEMBER_PACKETS,
+    names::UNITS,
+    names::WIDE_SCRATCH,
 ];
 
 /// aya-log's ring buffer of the dataplane's log records, pinned too, so a
@@ -151,7 +154,13 @@ impl PinDir {
             .join(format!("{ifname}:{ifindex}:{}", mode_name(mode)))
     }
 
-    /// The pinned links, sorted by interface name.
+    /// The pin of the fan-out program's TCX link on `ifname`:
+    /// `IFNAME:IFINDEX:tc`, beside the port's XDP link.
+    pub fn tc_link(&self, ifname: &str, ifindex: u32) -> PathBuf {
+        self.links().join(format!("{ifname}:{ifindex}:tc"))
+    }
+
+    /// The pinned XDP links, sorted by interface name.
     ///
     /// # Errors
     /// When `links/` cannot be read.

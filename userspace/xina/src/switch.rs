@@ -54,6 +54,7 @@ pub fn start_pinned(config: &Config, dir: &PinDir) -> Result<Dataplane, StartErr
 fn load_options(config: &Config) -> LoadOptions {
     LoadOptions {
         slot_pool: config.switch.slot_pool,
+        units: config.switch.units,
         debug: config.switch.debug,
     }
 }
@@ -65,6 +66,9 @@ fn fill(mut dp: Dataplane, config: &Config) -> Result<Dataplane, StartError> {
             port: port.clone(),
             source: Box::new(source),
         })?;
+    }
+    for (i, job) in config.jobs.iter().enumerate() {
+        crate::control::check_mtu(&format!("jobs[{i}]."), job)?;
     }
     let jobs = config.resolve(|name| {
         let ifindex = dp.ports().iter().find(|p| p.name == name)?.ifindex;

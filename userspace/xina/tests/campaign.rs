@@ -1358,6 +1358,7 @@ fn malformed_frames_never_touch_another_job_and_always_add_up() {
     let mut dp = Dataplane::load(LoadOptions {
         slot_pool: 16,
         debug: false,
+        ..LoadOptions::default()
     })
     .expect("load (are you root?)");
     let jobs = jobs();

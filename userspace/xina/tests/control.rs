@@ -123,12 +123,12 @@ fn bad_job_files_are_rejected_and_change_nothing() {
             "members: 65 members (must be 1..=64: the rank bitmap has 64 bits)",
         ),
         (
-            good.replacen("elems_per_packet = 64", "elems_per_packet = 361", 1),
-            "elems_per_packet: 361 (must be 1..=360 for I32",
+            good.replacen("elems_per_packet = 64", "elems_per_packet = 16129", 1),
+            "elems_per_packet: 16129 (must be 1..=16128 for I32",
         ),
         (
             good.replacen("elems_per_packet = 64", "elems_per_packet = 0", 1),
-            "elems_per_packet: 0 (must be 1..=360",
+            "elems_per_packet: 0 (must be 1..=16128",
         ),
         (
             good.replacen("elems_per_packet = 64", "elems_per_packet = 300", 1),
@@ -137,10 +137,10 @@ fn bad_job_files_are_rejected_and_change_nothing() {
         (
             good.replacen(
                 "elems_per_packet = 64",
-                "elems_per_packet = 200\ndtype = \"i64\"",
+                "elems_per_packet = 8065\ndtype = \"i64\"",
                 1,
             ),
-            "elems_per_packet: 200 (must be 1..=180 for I64",
+            "elems_per_packet: 8065 (must be 1..=8064 for I64",
         ),
         (
             good.replacen("slot_count = 16", "slot_count = 60", 1),

@@ -58,6 +58,7 @@ fn dataplane(fan_in: u8) -> Dataplane {
     let mut dp = Dataplane::load(LoadOptions {
         slot_pool: 64,
         debug: false,
+        ..LoadOptions::default()
     })
     .expect("load (are you root?)");
     dp.install_job(&job(fan_in, 4)).expect("install job");
@@ -394,6 +395,7 @@ fn bad_jobs_are_refused_and_leave_nothing() {
     let mut dp = Dataplane::load(LoadOptions {
         slot_pool: 32,
         debug: false,
+        ..LoadOptions::default()
     })
     .unwrap();
     dp.install_job(&job(2, 8)).unwrap();

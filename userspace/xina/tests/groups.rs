@@ -1264,6 +1264,7 @@ fn member_packets_are_pinned_and_survive_open_and_upgrade() {
         LoadOptions {
             slot_pool: 16,
             debug: false,
+            ..LoadOptions::default()
         },
         &pins.0,
     )

@@ -28,6 +28,7 @@ fn run(v: &Vector) -> Result<(), String> {
     let mut dp = Dataplane::load(LoadOptions {
         slot_pool: v.config.switch.slot_pool,
         debug: false,
+        ..LoadOptions::default()
     })
     .map_err(|e| format!("load (are you root?): {e}"))?;
     let jobs = v

@@ -56,6 +56,7 @@ fn a_thousand_jobs_aggregate_side_by_side() {
     let mut dp = Dataplane::load(LoadOptions {
         slot_pool: JOBS,
         debug: false,
+        ..LoadOptions::default()
     })
     .expect("load (root?)");
     for job in 1..=JOBS {

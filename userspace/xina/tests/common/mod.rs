@@ -18,6 +18,7 @@ pub fn shared(pool: u32) -> MutexGuard<'static, Dataplane> {
             Dataplane::load(LoadOptions {
                 slot_pool: pool,
                 debug: false,
+                ..LoadOptions::default()
             })
             .expect("load (are you root?)"),
         )
