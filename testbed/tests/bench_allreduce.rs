@@ -12,6 +12,8 @@ fn records_carry_every_field() {
         sizes: vec![4, 12, 4096],
         reps: 2,
         losses: vec![0.0, 1.0],
+        // Open MPI's column has its own test (tests/mpi.rs).
+        mpi: false,
         ..Default::default()
     };
     let records = run(&spec, |line| eprintln!("{line}")).expect("bench runs");
@@ -33,6 +35,12 @@ fn records_carry_every_field() {
                 assert_eq!(matching.len(), 1, "{implementation} {bytes} B loss {loss}");
                 let r = matching[0];
                 assert_eq!(r["workers"], 2);
+                let path = if implementation == "xina" {
+                    "xdp switch"
+                } else {
+                    "plain star"
+                };
+                assert_eq!(r["path"], path, "{implementation}");
                 assert_eq!(r["dtype"], "int32");
                 assert_eq!(r["count"].as_u64(), Some(bytes / 4));
                 assert!(r["retransmits"].is_u64());
