@@ -86,7 +86,7 @@ pub const GOAL_LOSS_PCT: f64 = 1.0;
 pub const GOAL_GOODPUT_RATIO: f64 = 0.8;
 
 /// An allreduce implementation under test.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Impl {
     /// Through the XDP switch (`xina_host::Worker::allreduce_i32`).
@@ -100,6 +100,10 @@ pub enum Impl {
 }
 
 impl Impl {
+    /// Every implementation, in table order (`mpi` runs only when
+    /// installed).
+    pub const ALL: [Self; 3] = [Self::Xina, Self::Ring, Self::Mpi];
+
     pub const fn name(self) -> &'static str {
         match self {
             Self::Xina => "xina",
@@ -138,9 +142,9 @@ pub struct AllreduceBenchSpec {
     pub ring_timeout: Duration,
     /// Seed of the workers' data.
     pub seed: u64,
-    /// Whether to add Open MPI's column when `mpirun` and `mpicc` are
-    /// installed.
-    pub mpi: bool,
+    /// Implementations, in table order (Open MPI's only when `mpirun` and
+    /// `mpicc` are installed).
+    pub impls: Vec<Impl>,
 }
 
 impl Default for AllreduceBenchSpec {
@@ -155,7 +159,7 @@ impl Default for AllreduceBenchSpec {
             give_up: Duration::from_secs(5),
             ring_timeout: Duration::from_secs(10),
             seed: 1,
-            mpi: true,
+            impls: Impl::ALL.to_vec(),
         }
     }
 }
@@ -189,6 +193,7 @@ impl AllreduceBenchSpec {
                 "loss: {l}% (must be at least 0 and below 100)"
             );
         }
+        ensure!(!self.impls.is_empty(), "impls: none given");
         ensure!(
             (1..=256).contains(&self.elems_per_packet),
             "elems-per-packet: {} (must be 1..=256)",
@@ -341,15 +346,18 @@ pub fn run(
     mut progress: impl FnMut(&str),
 ) -> anyhow::Result<Vec<Record>> {
     spec.validate()?;
-    let program = if !spec.mpi {
+    let mut impls = spec.impls.clone();
+    let program = if !impls.contains(&Impl::Mpi) {
         None
     } else if mpi::available() {
         progress("compiling the Open MPI benchmark program");
         Some(MpiProgram::build()?)
     } else {
         progress("mpirun or mpicc not installed: no Open MPI column");
+        impls.retain(|&i| i != Impl::Mpi);
         None
     };
+    ensure!(!impls.is_empty(), "impls: only mpi, which is not installed");
     let mut records = Vec::new();
     for &workers in &spec.workers {
         progress(&format!("{workers} workers: building the stars"));
@@ -366,7 +374,12 @@ pub fn run(
                 xdp: &star,
                 plain: &plain,
             };
-            run_on(stars, job, spec, workers, &mut records, &mut progress)
+            let on = On {
+                stars,
+                mpi: job,
+                impls: &impls,
+            };
+            run_on(on, spec, workers, &mut records, &mut progress)
         })();
         plain.teardown().context("tearing the plain star down")?;
         star.teardown().context("tearing the topology down")?;
@@ -384,10 +397,18 @@ struct Stars<'a> {
     plain: &'a Star,
 }
 
-/// The sweep of one worker count on `stars`.
+/// Where one worker count runs.
+struct On<'a> {
+    stars: Stars<'a>,
+    /// Open MPI on the plain star, when measured.
+    mpi: Option<MpiJob<'a>>,
+    /// The implementations to measure, in table order.
+    impls: &'a [Impl],
+}
+
+/// The sweep of one worker count.
 fn run_on(
-    stars: Stars<'_>,
-    mpi: Option<MpiJob<'_>>,
+    On { stars, mpi, impls }: On<'_>,
     spec: &AllreduceBenchSpec,
     workers: usize,
     records: &mut Vec<Record>,
@@ -447,6 +468,7 @@ fn run_on(
             commands: &commands,
             results: &from_ranks,
             mpi: mpi.map(RefCell::new),
+            impls,
         };
         // Dropping `commands` on the way out ends every rank's loop.
         driver.run(records, progress)
@@ -597,6 +619,7 @@ struct Driver<'a, 'm> {
     results: &'a Receiver<Message>,
     /// Open MPI on the plain star, when installed.
     mpi: Option<RefCell<MpiJob<'m>>>,
+    impls: &'a [Impl],
 }
 
 /// One repetition's outcome across ranks.
@@ -629,13 +652,10 @@ impl Driver<'_, '_> {
                 }
                 let expected = Arc::new(expected);
                 let iters = iters_for(bytes);
-                let impls: Vec<Impl> = [Impl::Xina, Impl::Ring]
-                    .into_iter()
-                    .chain(self.mpi.is_some().then_some(Impl::Mpi))
-                    .collect();
+                let impls = self.impls;
                 let mut reps: Vec<Vec<Rep>> = impls.iter().map(|_| Vec::new()).collect();
                 let mut frames = vec![Counts::default(); impls.len()];
-                for &which in &impls {
+                for &which in impls {
                     self.rep(which, &inputs, &expected, iters, bytes, loss)?;
                 }
                 for _ in 0..self.spec.reps {
@@ -850,7 +870,7 @@ pub fn table(records: &[Record], workers: usize, loss: f64) -> String {
         .collect();
     let impls: Vec<Impl> = [Impl::Xina, Impl::Ring, Impl::Mpi]
         .into_iter()
-        .filter(|&i| i != Impl::Mpi || here.iter().any(|r| r.implementation == i))
+        .filter(|&i| here.iter().any(|r| r.implementation == i))
         .collect();
     let baselines: Vec<Impl> = impls.iter().copied().filter(|&i| i != Impl::Xina).collect();
     let mut out = String::new();

@@ -285,9 +285,11 @@ struct BenchAllreduceArgs {
     /// xina's aggregator slots (the workers' window).
     #[arg(long, default_value_t = 64)]
     slots: u32,
-    /// Leave Open MPI's column out even when `mpirun` is installed.
-    #[arg(long)]
-    no_mpi: bool,
+    /// Implementations, in table order (`mpi` only when `mpirun` and
+    /// `mpicc` are installed).
+    #[arg(long, value_enum, value_delimiter = ',',
+          default_values_t = allreduce_bench::Impl::ALL)]
+    impls: Vec<allreduce_bench::Impl>,
     /// Also write the spec, goals and one record per measurement as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -301,7 +303,7 @@ fn bench_allreduce(args: &BenchAllreduceArgs) -> anyhow::Result<bool> {
         losses: args.loss.clone(),
         elems_per_packet: args.elems_per_packet,
         slots: args.slots,
-        mpi: !args.no_mpi,
+        impls: args.impls.clone(),
         ..Default::default()
     };
     spec.validate()?;

@@ -3,7 +3,7 @@
 //! fields plots and comparisons read. Nothing here looks at the timings'
 //! values beyond their being positive and consistent with each other.
 
-use xina_testbed::allreduce_bench::{AllreduceBenchSpec, judge_goals, run, table};
+use xina_testbed::allreduce_bench::{AllreduceBenchSpec, Impl, judge_goals, run, table};
 
 #[test]
 fn records_carry_every_field() {
@@ -13,7 +13,7 @@ fn records_carry_every_field() {
         reps: 2,
         losses: vec![0.0, 1.0],
         // Open MPI's column has its own test (tests/mpi.rs).
-        mpi: false,
+        impls: vec![Impl::Xina, Impl::Ring],
         ..Default::default()
     };
     let records = run(&spec, |line| eprintln!("{line}")).expect("bench runs");
