@@ -39,7 +39,7 @@ use std::{
     fmt::Write as _,
     fs,
     io::{BufRead as _, BufReader, Read, Write as _},
-    os::unix::fs::PermissionsExt as _,
+    os::unix::{fs::PermissionsExt as _, process::CommandExt as _},
     path::{Path, PathBuf},
     process::{Child, ChildStdin, Command, Stdio},
     sync::{
@@ -272,6 +272,20 @@ impl<'a> MpiJob<'a> {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        // SAFETY: the closure runs in the forked child before exec and only
+        // makes one async-signal-safe system call (prctl).
+        unsafe {
+            command.pre_exec(|| {
+                // mpirun (which `ip netns exec` becomes) gets SIGTERM when
+                // the thread that started it ends, so a bench killed before
+                // it could drop the job does not leave it running; mpirun
+                // then stops its daemons and ranks.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         log::debug!("starting {command:?}");
         let mut child = command.spawn().context("starting mpirun")?;
         let stdout = child.stdout.take().context("mpirun's stdout")?;
