@@ -151,8 +151,11 @@ pub enum Error {
 pub struct RingStats {
     /// Payload bytes sent to the next rank.
     pub bytes_sent: u64,
-    /// Segments TCP retransmitted on the connection to the next rank during
-    /// the call (`tcpi_total_retrans` of `TCP_INFO`, before and after).
+    /// Segments TCP retransmitted on the connection to the next rank since
+    /// the previous call ended (or the ring connected): `tcpi_total_retrans`
+    /// of `TCP_INFO`, read once at the end of each call, since every read
+    /// takes the socket's lock (two per call made an 8-byte allreduce at 2
+    /// ranks about a quarter slower).
     pub retransmits: u64,
     pub elapsed: Duration,
 }
@@ -169,6 +172,8 @@ pub struct RingRank {
     timeout: Duration,
     /// Staged received bytes of a reduce-scatter step, as whole elements.
     stage: Vec<i32>,
+    /// `tcpi_total_retrans` of `next` at the end of the last call.
+    retrans_seen: u32,
 }
 
 #[derive(Debug)]
@@ -249,6 +254,11 @@ impl RingRank {
                 .set_nonblocking(true)
                 .map_err(peer.io_error(rank, "making the socket non-blocking"))?;
         }
+        let retrans_seen = next
+            .as_ref()
+            .map(|p| total_retrans(&p.stream).map_err(p.io_error(rank, "reading TCP_INFO")))
+            .transpose()?
+            .unwrap_or(0);
         Ok(Self {
             rank,
             n,
@@ -256,6 +266,7 @@ impl RingRank {
             prev,
             timeout,
             stage: vec![0; STAGE_BYTES / 4],
+            retrans_seen,
         })
     }
 
@@ -276,17 +287,9 @@ impl RingRank {
         let (Some(next), Some(prev)) = (&self.next, &self.prev) else {
             return Ok(RingStats::default());
         };
-        let retrans_before =
-            total_retrans(&next.stream).map_err(next.io_error(self.rank, "reading TCP_INFO"))?;
         if size_of_val(data) <= WHOLE_MAX_BYTES {
             let bytes_sent = allreduce_whole(self.rank, self.n, self.timeout, next, prev, data)?;
-            let retrans_after = total_retrans(&next.stream)
-                .map_err(next.io_error(self.rank, "reading TCP_INFO"))?;
-            return Ok(RingStats {
-                bytes_sent,
-                retransmits: u64::from(retrans_after.wrapping_sub(retrans_before)),
-                elapsed: started.elapsed(),
-            });
+            return self.stats(bytes_sent, started);
         }
         let plan = Plan {
             rank: self.rank,
@@ -442,11 +445,24 @@ impl RingRank {
             )
             .map_err(prev.io_error(self.rank, "poll"))?;
         }
-        let retrans_after =
-            total_retrans(&next.stream).map_err(next.io_error(self.rank, "reading TCP_INFO"))?;
+        self.stats(bytes_sent, started)
+    }
+
+    /// A finished call's stats; reads the retransmissions since the last.
+    fn stats(&mut self, bytes_sent: u64, started: Instant) -> Result<RingStats, Error> {
+        let retransmits = match &self.next {
+            Some(next) => {
+                let now = total_retrans(&next.stream)
+                    .map_err(next.io_error(self.rank, "reading TCP_INFO"))?;
+                let since = now.wrapping_sub(self.retrans_seen);
+                self.retrans_seen = now;
+                u64::from(since)
+            }
+            None => 0,
+        };
         Ok(RingStats {
             bytes_sent,
-            retransmits: u64::from(retrans_after.wrapping_sub(retrans_before)),
+            retransmits,
             elapsed: started.elapsed(),
         })
     }
