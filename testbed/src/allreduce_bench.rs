@@ -70,6 +70,9 @@ use crate::{
 
 /// Most allreduces one repetition runs back to back.
 const MAX_ITERS: usize = 20;
+/// How long Open MPI may take to answer one repetition (it has no
+/// timeout of its own: a stuck job fails the bench after this).
+const MPI_ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 /// Small sizes run `MIN_REP_BYTES / bytes` allreduces per repetition.
 const MIN_REP_BYTES: usize = 1 << 20;
 
@@ -367,7 +370,7 @@ pub fn run(
         let result = (|| {
             let job = program
                 .as_ref()
-                .map(|p| MpiJob::start(p, &plain, spec.ring_timeout * 6))
+                .map(|p| MpiJob::start(p, &plain, MPI_ANSWER_TIMEOUT))
                 .transpose()
                 .context("starting Open MPI on the plain star")?;
             let stars = Stars {
