@@ -339,6 +339,24 @@ impl<'a> MpiJob<'a> {
         )
     }
 
+    /// As [`MpiJob::allreduce_i32`], over `float` (sums of small integers,
+    /// exact in any order, so checked exactly too).
+    ///
+    /// # Errors
+    /// As [`MpiJob::command`].
+    pub fn allreduce_f32(
+        &mut self,
+        bytes: usize,
+        iters: usize,
+        reps: usize,
+    ) -> anyhow::Result<Answer> {
+        self.command(
+            &format!("allreduce float {bytes} {iters} {reps}"),
+            "allreduce float",
+            reps,
+        )
+    }
+
     /// `iters · reps` broadcasts of `bytes`, each a sample, the root
     /// rotating over the ranks.
     ///

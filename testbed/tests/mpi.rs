@@ -150,20 +150,21 @@ fn a_wrong_mpi_result_fails_the_run() {
     let program = MpiProgram::build().expect("mpicc");
     let star = plain::build(StarOptions::new(2)).expect("plain star");
     let timeout = Duration::from_secs(60);
-    for bcast in [false, true] {
+    for what in ["int32", "float", "bcast"] {
         let mut job = MpiJob::start_with(&program, &star, timeout, &["--corrupt-rank", "1"])
             .expect("mpirun starts");
-        let result = if bcast {
-            job.bcast(4096, 2, 1)
-        } else {
-            job.allreduce_i32(4096, 2, 1)
+        let result = match what {
+            "int32" => job.allreduce_i32(4096, 2, 1),
+            "float" => job.allreduce_f32(4096, 2, 1),
+            _ => job.bcast(4096, 2, 1),
         };
         let error = format!("{:#}", result.expect_err("a falsified result must fail"));
-        assert!(error.contains("WRONG"), "{error}");
+        assert!(error.contains("WRONG"), "{what}: {error}");
     }
     // Without falsification the same commands answer.
     let mut job = MpiJob::start(&program, &star, timeout).expect("mpirun starts");
     assert_eq!(job.allreduce_i32(4096, 2, 3).unwrap().samples.len(), 3);
+    assert_eq!(job.allreduce_f32(1 << 20, 1, 2).unwrap().samples.len(), 2);
     assert_eq!(job.bcast(4096, 2, 3).unwrap().samples.len(), 6);
     drop(job);
     star.teardown().unwrap();
