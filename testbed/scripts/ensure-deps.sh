@@ -2,7 +2,8 @@
 # Installs what building and testing xina needs, only where it is missing:
 # the pinned nightly with rust-src (the eBPF build), bpf-linker, and the
 # Debian packages the testbed uses (iproute2 for ip and tc, ethtool,
-# bpftool). Safe to run again; prints what it does.
+# bpftool, and Open MPI for the benches' MPI column and its test). Safe to
+# run again; prints what it does.
 set -euo pipefail
 
 EBPF_TOOLCHAIN=nightly-2026-05-20
@@ -45,6 +46,9 @@ command -v ethtool >/dev/null || missing+=(ethtool)
 command -v tc >/dev/null || missing+=(iproute2)
 # The concurrency test reads per-CPU counters with bpftool.
 command -v bpftool >/dev/null || missing+=(bpftool)
+# The benches' Open MPI column: mpirun, and mpicc with the headers.
+command -v mpirun >/dev/null || missing+=(openmpi-bin)
+command -v mpicc >/dev/null || missing+=(libopenmpi-dev)
 if [ ${#missing[@]} -gt 0 ]; then
     say "installing Debian packages: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive

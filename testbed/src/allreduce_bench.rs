@@ -1,19 +1,24 @@
 //! `xina-testbed bench allreduce`: allreduce through the XDP switch against a
-//! host-based ring allreduce ([`crate::ring`]) on the same namespaces and
-//! links, in nccl-tests' columns.
+//! host-based ring allreduce ([`crate::ring`]) and, when it is installed,
+//! Open MPI's ([`crate::mpi`]), in nccl-tests' columns.
 //!
 //! # Method
 //!
-//! For each worker count one [`Star`] is built and the switch attached to it
-//! for the whole sweep; every rank is one thread in its worker namespace that
-//! holds an `xina_host::Worker` (UDP to the switch) and a [`RingRank`] (TCP
-//! to its ring neighbours, bridged by the switch host: XDP passes what is not
-//! xina). The ring therefore crosses the same veths, the same XDP programs
-//! (as pass-through) and the same bridge as xina's packets.
+//! For each worker count two stars of the same options are built: one with
+//! the switch attached for the whole sweep (xina's path), and a plain one
+//! with no XDP anywhere ([`crate::plain`]: the baselines' path, where TCP
+//! keeps its 64 KB segments, as in a cluster without xina). Every rank is
+//! one thread that holds an `xina_host::Worker` (UDP to the switch, bound in
+//! its worker namespace of the XDP star) and a [`RingRank`] (TCP to its ring
+//! neighbours, connected in its worker namespace of the plain star, bridged
+//! there by the switch namespace's bridge). Open MPI runs one rank in each
+//! worker namespace of the plain star, started once per worker count and
+//! driven command by command. Each record's `path` says which star it ran on.
 //!
 //! For every loss rate, size and implementation: one warm-up repetition,
-//! then `reps` measured ones, xina's and the ring's interleaved rep by rep so
-//! that noise on this shared machine hits both alike. A repetition is:
+//! then `reps` measured ones, the implementations interleaved rep by rep so
+//! that noise on this shared machine hits all alike (Open MPI's repetition
+//! is timed the same way inside its program). A repetition is:
 //! every rank fills `iters` buffers with its input, all ranks meet at a
 //! barrier, and each runs `iters` allreduces back to back; the repetition's
 //! time is from the first rank leaving the barrier to the last rank
@@ -37,6 +42,7 @@
 //!   count what it saw and dropped during the measured repetitions.
 
 use std::{
+    cell::RefCell,
     fmt::Write as _,
     net::SocketAddrV4,
     sync::{
@@ -54,6 +60,9 @@ use xina_proto::{DType, XINA_UDP_PORT, frame::elems_for_mtu};
 use crate::{
     bench::{Machine, median},
     lossy::{Counts, LossyLink},
+    mpi::{self, MpiJob, MpiProgram},
+    netns::NetNs,
+    plain,
     ring::{RingRank, ring_addrs},
     scenario::{self, AllreduceSpec, JOB_ID, WORKER_PORT},
     topology::{MAX_MTU, Star, StarOptions},
@@ -61,6 +70,9 @@ use crate::{
 
 /// Most allreduces one repetition runs back to back.
 const MAX_ITERS: usize = 20;
+/// How long Open MPI may take to answer one repetition (it has no
+/// timeout of its own: a stuck job fails the bench after this).
+const MPI_ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 /// Small sizes run `MIN_REP_BYTES / bytes` allreduces per repetition.
 const MIN_REP_BYTES: usize = 1 << 20;
 
@@ -77,20 +89,37 @@ pub const GOAL_LOSS_PCT: f64 = 1.0;
 pub const GOAL_GOODPUT_RATIO: f64 = 0.8;
 
 /// An allreduce implementation under test.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Impl {
     /// Through the XDP switch (`xina_host::Worker::allreduce_i32`).
     Xina,
-    /// The host-based ring over TCP ([`RingRank::allreduce_i32`]).
+    /// The host-based ring over TCP ([`RingRank::allreduce_i32`]), on the
+    /// plain star.
     Ring,
+    /// Open MPI's `MPI_Allreduce` over TCP ([`crate::mpi`]), on the plain
+    /// star.
+    Mpi,
 }
 
 impl Impl {
+    /// Every implementation, in table order (`mpi` runs only when
+    /// installed).
+    pub const ALL: [Self; 3] = [Self::Xina, Self::Ring, Self::Mpi];
+
     pub const fn name(self) -> &'static str {
         match self {
             Self::Xina => "xina",
             Self::Ring => "ring",
+            Self::Mpi => "mpi",
+        }
+    }
+
+    /// The topology it runs on: [`plain::XDP_PATH`] or [`plain::PLAIN_PATH`].
+    pub const fn path(self) -> &'static str {
+        match self {
+            Self::Xina => plain::XDP_PATH,
+            Self::Ring | Self::Mpi => plain::PLAIN_PATH,
         }
     }
 }
@@ -121,6 +150,9 @@ pub struct AllreduceBenchSpec {
     pub ring_timeout: Duration,
     /// Seed of the workers' data.
     pub seed: u64,
+    /// Implementations, in table order (Open MPI's only when `mpirun` and
+    /// `mpicc` are installed).
+    pub impls: Vec<Impl>,
 }
 
 impl Default for AllreduceBenchSpec {
@@ -136,6 +168,7 @@ impl Default for AllreduceBenchSpec {
             give_up: Duration::from_secs(5),
             ring_timeout: Duration::from_secs(10),
             seed: 1,
+            impls: Impl::ALL.to_vec(),
         }
     }
 }
@@ -169,6 +202,7 @@ impl AllreduceBenchSpec {
                 "loss: {l}% (must be at least 0 and below 100)"
             );
         }
+        ensure!(!self.impls.is_empty(), "impls: none given");
         ensure!(!self.frames.is_empty(), "frame: none given");
         for &f in &self.frames {
             ensure!(
@@ -209,6 +243,8 @@ pub struct Record {
     pub frame_bytes: u32,
     /// xina's elements per packet (0 for the ring).
     pub elems_per_packet: u16,
+    /// The topology it ran on ([`Impl::path`]).
+    pub path: &'static str,
     pub workers: usize,
     /// Bytes per worker.
     pub bytes: usize,
@@ -354,15 +390,45 @@ pub fn run(
     mut progress: impl FnMut(&str),
 ) -> anyhow::Result<Vec<Record>> {
     spec.validate()?;
+    let mut impls = spec.impls.clone();
+    let program = if !impls.contains(&Impl::Mpi) {
+        None
+    } else if mpi::available() {
+        progress("compiling the Open MPI benchmark program");
+        Some(MpiProgram::build()?)
+    } else {
+        progress("mpirun or mpicc not installed: no Open MPI column");
+        impls.retain(|&i| i != Impl::Mpi);
+        None
+    };
+    ensure!(!impls.is_empty(), "impls: only mpi, which is not installed");
     let mut records = Vec::new();
     for &frame in &spec.frames {
         for &workers in &spec.workers {
             progress(&format!(
-                "{workers} workers, MTU {frame}: building the star"
+                "{workers} workers, MTU {frame}: building the stars"
             ));
-            let star = Star::build_with(StarOptions::new(workers).with_mtu(frame))
-                .context("building the star topology")?;
-            let result = run_on(&star, spec, frame, workers, &mut records, &mut progress);
+            let options = StarOptions::new(workers).with_mtu(frame);
+            let star = Star::build_with(options).context("building the star topology")?;
+            let plain = plain::build(options).context("building the plain star")?;
+            let result = (|| {
+                let job = program
+                    .as_ref()
+                    .map(|p| MpiJob::start(p, &plain, MPI_ANSWER_TIMEOUT))
+                    .transpose()
+                    .context("starting Open MPI on the plain star")?;
+                let stars = Stars {
+                    xdp: &star,
+                    plain: &plain,
+                };
+                let on = On {
+                    stars,
+                    mpi: job,
+                    impls: &impls,
+                };
+                run_on(on, spec, frame, workers, &mut records, &mut progress)
+            })();
+            plain.teardown().context("tearing the plain star down")?;
             star.teardown().context("tearing the topology down")?;
             result?;
         }
@@ -370,9 +436,27 @@ pub fn run(
     Ok(records)
 }
 
-/// The sweep of one worker count on `star`.
+/// The two stars of one worker count.
+#[derive(Clone, Copy)]
+struct Stars<'a> {
+    /// With the switch attached: xina's path.
+    xdp: &'a Star,
+    /// Without XDP: the baselines' path.
+    plain: &'a Star,
+}
+
+/// Where one worker count runs.
+struct On<'a> {
+    stars: Stars<'a>,
+    /// Open MPI on the plain star, when measured.
+    mpi: Option<MpiJob<'a>>,
+    /// The implementations to measure, in table order.
+    impls: &'a [Impl],
+}
+
+/// The sweep of one worker count.
 fn run_on(
-    star: &Star,
+    On { stars, mpi, impls }: On<'_>,
     spec: &AllreduceBenchSpec,
     frame: u32,
     workers: usize,
@@ -387,6 +471,7 @@ fn run_on(
         slots,
         ..Default::default()
     };
+    let star = stars.xdp;
     let config = scenario::star_config(star, &scenario_spec);
     // Detached when dropped, at the end of this function.
     let _dp = scenario::start_switch(star, &config)?;
@@ -415,6 +500,7 @@ fn run_on(
                 bind: SocketAddrV4::new(star.worker(rank).ip, WORKER_PORT),
                 give_up: spec.give_up,
                 addrs: &addrs,
+                ring_ns: stars.plain.worker(rank).ns(),
                 ring_timeout: spec.ring_timeout,
             };
             let (ns, barrier, to_driver) = (star.worker(rank).ns(), &barrier, to_driver.clone());
@@ -427,13 +513,15 @@ fn run_on(
         }
         drop(to_driver);
         let driver = Driver {
-            star,
+            stars,
             spec,
             frame,
             elems_per_packet,
             workers,
             commands: &commands,
             results: &from_ranks,
+            mpi: mpi.map(RefCell::new),
+            impls,
         };
         // Dropping `commands` on the way out ends every rank's loop.
         driver.run(records, progress)
@@ -447,6 +535,8 @@ struct RankSetup<'a> {
     bind: SocketAddrV4,
     give_up: Duration,
     addrs: &'a [SocketAddrV4],
+    /// Where the ring's sockets live: this rank's namespace of the plain star.
+    ring_ns: &'a NetNs,
     ring_timeout: Duration,
 }
 
@@ -483,14 +573,21 @@ fn rank_loop(
 ) {
     let rank = setup.rank;
     let ready = (|| -> anyhow::Result<(Worker, RingRank)> {
-        let listener = RingRank::listen(rank, setup.addrs)?;
         let config = xina_host::Config {
             give_up: setup.give_up,
             ..Default::default()
         };
         let worker = Worker::new(setup.params, setup.bind, config)
             .with_context(|| format!("rank {rank}: xina worker"))?;
-        let ring = RingRank::connect(rank, setup.addrs, &listener, setup.ring_timeout)?;
+        let ring = setup.ring_ns.run(|| -> anyhow::Result<RingRank> {
+            let listener = RingRank::listen(rank, setup.addrs)?;
+            Ok(RingRank::connect(
+                rank,
+                setup.addrs,
+                &listener,
+                setup.ring_timeout,
+            )?)
+        })??;
         Ok((worker, ring))
     })();
     let (mut worker, mut ring) = match ready {
@@ -519,6 +616,7 @@ fn rank_loop(
                     .allreduce_i32(buf)
                     .map(|s| s.retransmits)
                     .map_err(|e| e.to_string()),
+                Impl::Mpi => Err("Open MPI runs in its own processes".to_owned()),
             };
             match done {
                 Ok(r) => retransmits += r,
@@ -566,14 +664,17 @@ fn check(bufs: &[Vec<i32>], expected: &[i32]) -> Result<(), String> {
 }
 
 /// The driver's side of one worker count.
-struct Driver<'a> {
-    star: &'a Star,
+struct Driver<'a, 'm> {
+    stars: Stars<'a>,
     spec: &'a AllreduceBenchSpec,
     frame: u32,
     elems_per_packet: u16,
     workers: usize,
     commands: &'a [Sender<Command>],
     results: &'a Receiver<Message>,
+    /// Open MPI on the plain star, when installed.
+    mpi: Option<RefCell<MpiJob<'m>>>,
+    impls: &'a [Impl],
 }
 
 /// One repetition's outcome across ranks.
@@ -583,7 +684,7 @@ struct Rep {
     retransmits: u64,
 }
 
-impl Driver<'_> {
+impl Driver<'_, '_> {
     fn run(
         &self,
         records: &mut Vec<Record>,
@@ -591,7 +692,8 @@ impl Driver<'_> {
     ) -> anyhow::Result<()> {
         self.wait_ready()?;
         for &loss in &self.spec.losses {
-            let links = attach_loss(self.star, loss)?;
+            let mut links = attach_loss(self.stars.xdp, loss)?;
+            links.extend(attach_loss(self.stars.plain, loss)?);
             for &bytes in &self.spec.sizes {
                 let count = bytes / 4;
                 let inputs: Vec<Arc<Vec<i32>>> = (0..self.workers)
@@ -605,14 +707,14 @@ impl Driver<'_> {
                 }
                 let expected = Arc::new(expected);
                 let iters = iters_for(bytes);
-                let mut reps: [Vec<Rep>; 2] = [Vec::new(), Vec::new()];
-                let mut frames = [Counts::default(); 2];
-                let impls = [Impl::Xina, Impl::Ring];
-                for which in impls {
+                let impls = self.impls;
+                let mut reps: Vec<Vec<Rep>> = impls.iter().map(|_| Vec::new()).collect();
+                let mut frames = vec![Counts::default(); impls.len()];
+                for &which in impls {
                     self.rep(which, &inputs, &expected, iters, bytes, loss)?;
                 }
                 for _ in 0..self.spec.reps {
-                    for (i, which) in impls.into_iter().enumerate() {
+                    for (i, &which) in impls.iter().enumerate() {
                         let before = link_counts(&links)?;
                         reps[i].push(self.rep(which, &inputs, &expected, iters, bytes, loss)?);
                         let after = link_counts(&links)?;
@@ -620,7 +722,7 @@ impl Driver<'_> {
                         frames[i].dropped += after.dropped - before.dropped;
                     }
                 }
-                for (i, which) in impls.into_iter().enumerate() {
+                for (i, &which) in impls.iter().enumerate() {
                     let record = self.record(which, bytes, iters, loss, &reps[i], frames[i]);
                     progress(&format!(
                         "{} workers, MTU {}, loss {loss}%, {}: {} {:.1} us, {:.3} GB/s, {} retransmits",
@@ -666,6 +768,24 @@ impl Driver<'_> {
         bytes: usize,
         loss: f64,
     ) -> anyhow::Result<Rep> {
+        if which == Impl::Mpi {
+            let mut job = self
+                .mpi
+                .as_ref()
+                .context("Open MPI is not running")?
+                .borrow_mut();
+            let answer = job.allreduce_i32(bytes, iters, 1).with_context(|| {
+                format!(
+                    "Open MPI allreduce of {} per worker, {} workers, loss {loss}%",
+                    format_size(bytes),
+                    self.workers
+                )
+            })?;
+            return Ok(Rep {
+                time: answer.samples.first().copied().context("no sample")?,
+                retransmits: answer.retransmits,
+            });
+        }
         for (tx, input) in self.commands.iter().zip(inputs) {
             tx.send(Command {
                 which,
@@ -727,8 +847,9 @@ impl Driver<'_> {
             frame_bytes: self.frame,
             elems_per_packet: match which {
                 Impl::Xina => self.elems_per_packet,
-                Impl::Ring => 0,
+                Impl::Ring | Impl::Mpi => 0,
             },
+            path: which.path(),
             workers: self.workers,
             bytes,
             count: bytes / 4,
@@ -810,43 +931,62 @@ pub fn largest_frame(records: &[Record]) -> u32 {
 }
 
 /// The table of one worker count and loss rate, nccl-tests' columns for
-/// each implementation and `xina/ring`, the ratio of their algbw (the ring's
-/// time over xina's: above 1, xina is faster).
+/// each implementation (Open MPI's only when it ran), and xina's algbw over
+/// each baseline's (the baseline's time over xina's: above 1, xina is
+/// faster), at link MTU `frame`. A first line says which star each
+/// implementation ran on.
 pub fn table(records: &[Record], frame: u32, workers: usize, loss: f64) -> String {
     let at = (frame, workers);
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:>8} {:>9} {:>6} {:>5} | {:>34} {:>5} | {:>34} {:>5} | {:>9}",
-        "", "", "", "", "xina", "", "ring", "", ""
-    );
-    let _ = writeln!(
-        out,
-        "{:>8} {:>9} {:>6} {:>5} | {:>11} {:>11} {:>11} {:>5} | {:>11} {:>11} {:>11} {:>5} | {:>9}",
-        "size",
-        "count",
-        "type",
-        "redop",
-        "time(us)",
-        "algbw(GB/s)",
-        "busbw(GB/s)",
-        "retx",
-        "time(us)",
-        "algbw(GB/s)",
-        "busbw(GB/s)",
-        "retx",
-        "xina/ring"
-    );
-    let mut sizes: Vec<usize> = records
+    let here: Vec<&Record> = records
         .iter()
         .filter(|r| r.frame_bytes == frame && r.workers == workers && r.loss == loss)
-        .map(|r| r.bytes)
         .collect();
+    let impls: Vec<Impl> = [Impl::Xina, Impl::Ring, Impl::Mpi]
+        .into_iter()
+        .filter(|&i| here.iter().any(|r| r.implementation == i))
+        .collect();
+    let baselines: Vec<Impl> = impls.iter().copied().filter(|&i| i != Impl::Xina).collect();
+    let mut out = String::new();
+    let paths: Vec<String> = impls
+        .iter()
+        .map(|i| format!("{} on the {}", i.name(), i.path()))
+        .collect();
+    let _ = writeln!(out, "paths: {}", paths.join(", "));
+    let _ = write!(out, "{:>8} {:>9} {:>6} {:>5}", "", "", "", "");
+    for i in &impls {
+        let _ = write!(out, " | {:>34} {:>5}", i.name(), "");
+    }
+    let _ = writeln!(out, " |");
+    let _ = write!(
+        out,
+        "{:>8} {:>9} {:>6} {:>5}",
+        "size", "count", "type", "redop"
+    );
+    for _ in &impls {
+        let _ = write!(
+            out,
+            " | {:>11} {:>11} {:>11} {:>5}",
+            "time(us)", "algbw(GB/s)", "busbw(GB/s)", "retx"
+        );
+    }
+    for b in &baselines {
+        let _ = write!(out, " | {:>9}", format!("xina/{}", b.name()));
+    }
+    let _ = writeln!(out);
+    let mut sizes: Vec<usize> = here.iter().map(|r| r.bytes).collect();
     sizes.sort_unstable();
     sizes.dedup();
     for bytes in sizes {
-        let cols = |which| {
-            find(records, which, at, bytes, loss).map_or_else(
+        let _ = write!(
+            out,
+            "{:>8} {:>9} {:>6} {:>5}",
+            format_size(bytes),
+            bytes / 4,
+            "int32",
+            "sum"
+        );
+        for &which in &impls {
+            let cols = find(records, which, at, bytes, loss).map_or_else(
                 || format!("{:>11} {:>11} {:>11} {:>5}", "-", "-", "-", "-"),
                 |r| {
                     format!(
@@ -854,29 +994,35 @@ pub fn table(records: &[Record], frame: u32, workers: usize, loss: f64) -> Strin
                         r.time_us, r.algbw_gbps, r.busbw_gbps, r.retransmits
                     )
                 },
-            )
-        };
-        let ratio =
-            ratio(records, at, bytes, loss).map_or_else(|| "-".to_owned(), |r| format!("{r:.2}"));
-        let _ = writeln!(
-            out,
-            "{:>8} {:>9} {:>6} {:>5} | {} | {} | {ratio:>9}",
-            format_size(bytes),
-            bytes / 4,
-            "int32",
-            "sum",
-            cols(Impl::Xina),
-            cols(Impl::Ring)
-        );
+            );
+            let _ = write!(out, " | {cols}");
+        }
+        for &b in &baselines {
+            let ratio = ratio_to(records, b, at, bytes, loss)
+                .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}"));
+            let _ = write!(out, " | {ratio:>9}");
+        }
+        let _ = writeln!(out);
     }
     out
 }
 
 /// xina's algbw over the ring's (the ring's time over xina's).
 pub fn ratio(records: &[Record], at: (u32, usize), bytes: usize, loss: f64) -> Option<f64> {
+    ratio_to(records, Impl::Ring, at, bytes, loss)
+}
+
+/// xina's algbw over `baseline`'s (its time over xina's).
+pub fn ratio_to(
+    records: &[Record],
+    baseline: Impl,
+    at: (u32, usize),
+    bytes: usize,
+    loss: f64,
+) -> Option<f64> {
     let x = find(records, Impl::Xina, at, bytes, loss)?;
-    let r = find(records, Impl::Ring, at, bytes, loss)?;
-    Some(r.time_us / x.time_us)
+    let b = find(records, baseline, at, bytes, loss)?;
+    Some(b.time_us / x.time_us)
 }
 
 /// The three goals against what `records` measured, at the largest frame.

@@ -4,12 +4,17 @@
 //!
 //! # Method
 //!
-//! For each rank count one [`Star`] is built and the XDP switch attached to
-//! it for the whole sweep (it passes what is not xina to the kernel, which
-//! bridges it, so the TCP baselines cross the same veths and XDP programs
-//! xina's packets do). Every rank is one thread in its worker namespace,
-//! set up before anything is timed ([`RankImpls::setup`]: the TCP mesh of
-//! [`crate::bcast`] and xina's group member).
+//! For each rank count two stars of the same options are built: one with
+//! the XDP switch attached for the whole sweep (xina's path), and a plain
+//! one with no XDP anywhere ([`crate::plain`]: the baselines' path, where
+//! TCP keeps its 64 KB segments, as in a cluster without xina). Every rank
+//! is one thread, set up before anything is timed ([`RankImpls::setup`]:
+//! the TCP mesh of [`crate::bcast`], connected in its worker namespace of
+//! the plain star, and xina's group member, bound in its namespace of the
+//! XDP star). Open MPI (`mpi`, when installed: [`crate::mpi`]) runs one rank
+//! in each worker namespace of the plain star, started once per rank count;
+//! its repetition is `iters` broadcasts timed inside its program the same
+//! way. Each record's `path` says which star it ran on.
 //!
 //! For every loss rate and size: one warm-up broadcast per implementation,
 //! then `reps` repetitions, interleaved implementation by implementation so
@@ -55,6 +60,7 @@
 //! sent again.
 
 use std::{
+    cell::RefCell,
     fmt::Write as _,
     net::SocketAddrV4,
     sync::{
@@ -73,8 +79,10 @@ use crate::{
     bench::{Machine, median},
     group::{self, GroupSpec},
     lossy::Counts,
-    scenario,
-    topology::Star,
+    mpi::{self, MpiJob, MpiProgram},
+    netns::NetNs,
+    plain, scenario,
+    topology::{Star, StarOptions},
 };
 use xina_host::{GroupParams, GroupWorker};
 
@@ -101,13 +109,17 @@ pub enum Impl {
     /// the XDP switch (`xina_host::GroupWorker::broadcast`); a receiver's
     /// time ends when its call returns.
     Xina,
+    /// Open MPI's `MPI_Bcast` over TCP ([`crate::mpi`]), when `mpirun` and
+    /// `mpicc` are installed.
+    Mpi,
 }
 
 impl Impl {
     /// The host-based baselines, in table order.
-    pub const BASELINES: [Self; 3] = [Self::Unicast, Self::Tree, Self::Once];
-    /// Every implementation, in table order.
-    pub const ALL: [Self; 4] = [Self::Unicast, Self::Tree, Self::Once, Self::Xina];
+    pub const BASELINES: [Self; 4] = [Self::Unicast, Self::Tree, Self::Once, Self::Mpi];
+    /// Every implementation, in table order (`mpi` runs only when
+    /// installed).
+    pub const ALL: [Self; 5] = [Self::Unicast, Self::Tree, Self::Once, Self::Mpi, Self::Xina];
 
     pub const fn name(self) -> &'static str {
         match self {
@@ -115,14 +127,23 @@ impl Impl {
             Self::Tree => "tree",
             Self::Once => "once",
             Self::Xina => "xina",
+            Self::Mpi => "mpi",
         }
     }
 
     /// Whether this is a host-based baseline; the goals judge the others.
     pub const fn is_baseline(self) -> bool {
         match self {
-            Self::Unicast | Self::Tree | Self::Once => true,
+            Self::Unicast | Self::Tree | Self::Once | Self::Mpi => true,
             Self::Xina => false,
+        }
+    }
+
+    /// The topology it runs on: [`plain::XDP_PATH`] or [`plain::PLAIN_PATH`].
+    pub const fn path(self) -> &'static str {
+        match self {
+            Self::Xina => plain::XDP_PATH,
+            Self::Unicast | Self::Tree | Self::Once | Self::Mpi => plain::PLAIN_PATH,
         }
     }
 
@@ -130,7 +151,7 @@ impl Impl {
     pub const fn receivers(self, ranks: usize) -> usize {
         match self {
             Self::Once => 1,
-            Self::Unicast | Self::Tree | Self::Xina => ranks - 1,
+            Self::Unicast | Self::Tree | Self::Xina | Self::Mpi => ranks - 1,
         }
     }
 }
@@ -205,6 +226,8 @@ impl BcastBenchSpec {
 pub struct Record {
     #[serde(rename = "impl")]
     pub implementation: Impl,
+    /// The topology it ran on ([`Impl::path`]).
+    pub path: &'static str,
     pub ranks: usize,
     /// Buffer size.
     pub bytes: usize,
@@ -262,25 +285,66 @@ pub struct BcastBenchReport {
 /// the implementation, size, root and rank).
 pub fn run(spec: &BcastBenchSpec, mut progress: impl FnMut(&str)) -> anyhow::Result<Vec<Record>> {
     spec.validate()?;
+    let mut impls = spec.impls.clone();
+    let program = if !impls.contains(&Impl::Mpi) {
+        None
+    } else if mpi::available() {
+        progress("compiling the Open MPI benchmark program");
+        Some(MpiProgram::build()?)
+    } else {
+        progress("mpirun or mpicc not installed: no Open MPI rows");
+        impls.retain(|&i| i != Impl::Mpi);
+        None
+    };
+    ensure!(!impls.is_empty(), "impls: only mpi, which is not installed");
     let mut records = Vec::new();
     for &ranks in &spec.ranks {
-        progress(&format!("{ranks} ranks: building the star"));
-        let star = Star::build(ranks).context("building the star topology")?;
-        let result = run_on(&star, spec, ranks, &mut records, &mut progress);
+        progress(&format!("{ranks} ranks: building the stars"));
+        let options = StarOptions::new(ranks);
+        let star = Star::build_with(options).context("building the star topology")?;
+        let plain = plain::build(options).context("building the plain star")?;
+        let result = (|| {
+            let job = program
+                .as_ref()
+                .map(|p| MpiJob::start(p, &plain, spec.timeout))
+                .transpose()
+                .context("starting Open MPI on the plain star")?;
+            let on = On {
+                star: &star,
+                plain: &plain,
+                mpi: job.map(RefCell::new),
+                impls: &impls,
+            };
+            run_on(on, spec, ranks, &mut records, &mut progress)
+        })();
+        plain.teardown().context("tearing the plain star down")?;
         star.teardown().context("tearing the topology down")?;
         result?;
     }
     Ok(records)
 }
 
-/// The sweep of one rank count on `star`.
+/// Where one rank count runs.
+struct On<'a> {
+    /// With the XDP switch: xina's path.
+    star: &'a Star,
+    /// Without XDP: the baselines' path.
+    plain: &'a Star,
+    /// Open MPI on the plain star, when measured.
+    mpi: Option<RefCell<MpiJob<'a>>>,
+    /// The implementations to measure, in table order.
+    impls: &'a [Impl],
+}
+
+/// The sweep of one rank count.
 fn run_on(
-    star: &Star,
+    on: On<'_>,
     spec: &BcastBenchSpec,
     ranks: usize,
     records: &mut Vec<Record>,
     progress: &mut impl FnMut(&str),
 ) -> anyhow::Result<()> {
+    let star = on.star;
     // The switch's program on every port, passing the baselines' TCP to the
     // kernel, with xina's multicast group of every rank.
     let group = GroupSpec {
@@ -289,7 +353,7 @@ fn run_on(
     };
     // Detached when dropped, at the end of this function.
     let mut dp = scenario::start_switch(star, &group::switch_config(star, &group))?;
-    let xina = spec.impls.contains(&Impl::Xina);
+    let xina = on.impls.contains(&Impl::Xina);
     if xina {
         dp.install_job(&group::group_spec(star, &group))
             .context("installing xina's multicast group")?;
@@ -322,11 +386,13 @@ fn run_on(
             commands.push(tx);
             let (ns, barrier, to_driver, addrs) =
                 (star.worker(rank).ns(), &barrier, to_driver.clone(), &addrs);
+            let mesh_ns = on.plain.worker(rank).ns();
             scope.spawn(move || {
                 let failed = to_driver.clone();
                 let timeout = spec.timeout;
                 if let Err(e) = ns.run(move || {
-                    rank_loop(rank, (addrs, member), timeout, barrier, &rx, &to_driver);
+                    let setup = (addrs.as_slice(), mesh_ns, member);
+                    rank_loop(rank, setup, timeout, barrier, &rx, &to_driver);
                 }) {
                     let _ = failed.send(Message::Ready(rank, Err(format!("{e:#}"))));
                 }
@@ -335,6 +401,9 @@ fn run_on(
         drop(to_driver);
         let driver = Driver {
             star,
+            plain: on.plain,
+            mpi: on.mpi,
+            impls: on.impls,
             spec,
             ranks,
             commands: &commands,
@@ -365,20 +434,25 @@ pub struct RankImpls {
 }
 
 impl RankImpls {
-    /// Sets rank `rank` up among `addrs` (one per rank; call in the rank's
-    /// namespace, every rank at about the same time), and binds its group
-    /// member when `member` gives its parameters and address.
+    /// Sets rank `rank` up among `addrs` (one per rank; every rank at about
+    /// the same time): its TCP mesh in `mesh_ns` (its namespace of the plain
+    /// star), and, when `member` gives its parameters and address, its group
+    /// member in the calling thread's namespace (its namespace of the XDP
+    /// star).
     ///
     /// # Errors
     /// When the rank cannot listen or connect to the others, or bind.
     pub fn setup(
         rank: usize,
         addrs: &[SocketAddrV4],
+        mesh_ns: &NetNs,
         member: Option<(GroupParams, SocketAddrV4)>,
         timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let listener = MeshRank::listen(rank, addrs)?;
-        let mesh = MeshRank::connect(rank, addrs, &listener, timeout)?;
+        let mesh = mesh_ns.run(|| -> anyhow::Result<MeshRank> {
+            let listener = MeshRank::listen(rank, addrs)?;
+            Ok(MeshRank::connect(rank, addrs, &listener, timeout)?)
+        })??;
         let member = member
             .map(|(params, bind)| {
                 let config = xina_host::Config {
@@ -403,6 +477,7 @@ impl RankImpls {
             Impl::Unicast => Algorithm::Unicast,
             Impl::Tree => Algorithm::Tree,
             Impl::Once => Algorithm::Once,
+            Impl::Mpi => return Err("Open MPI runs in its own processes".to_owned()),
             Impl::Xina => {
                 let member = self
                     .member
@@ -453,13 +528,13 @@ struct RankResult {
 /// hangs up.
 fn rank_loop(
     rank: usize,
-    (addrs, member): (&[SocketAddrV4], Option<(GroupParams, SocketAddrV4)>),
+    (addrs, mesh_ns, member): (&[SocketAddrV4], &NetNs, Option<(GroupParams, SocketAddrV4)>),
     timeout: Duration,
     barrier: &Barrier,
     commands: &Receiver<Command>,
     to_driver: &Sender<Message>,
 ) {
-    let mut impls = match RankImpls::setup(rank, addrs, member, timeout) {
+    let mut impls = match RankImpls::setup(rank, addrs, mesh_ns, member, timeout) {
         Ok(impls) => {
             let _ = to_driver.send(Message::Ready(rank, Ok(())));
             impls
@@ -513,8 +588,12 @@ fn check(got: &[u8], want: &[u8]) -> Result<(), String> {
 }
 
 /// The driver's side of one rank count.
-struct Driver<'a> {
+struct Driver<'a, 'm> {
     star: &'a Star,
+    plain: &'a Star,
+    /// Open MPI on the plain star, when measured.
+    mpi: Option<RefCell<MpiJob<'m>>>,
+    impls: &'a [Impl],
     spec: &'a BcastBenchSpec,
     ranks: usize,
     commands: &'a [Sender<Command>],
@@ -527,28 +606,36 @@ struct Sample {
     retransmits: u64,
 }
 
-impl Driver<'_> {
+impl Driver<'_, '_> {
     fn run(
         &self,
         records: &mut Vec<Record>,
         progress: &mut impl FnMut(&str),
     ) -> anyhow::Result<()> {
         self.wait_ready()?;
-        let impls = &self.spec.impls;
+        let impls = self.impls;
         for &loss in &self.spec.losses {
-            let links = attach_loss(self.star, loss)?;
+            let mut links = attach_loss(self.star, loss)?;
+            links.extend(attach_loss(self.plain, loss)?);
             for &bytes in &self.spec.sizes {
                 let input = Arc::new(payload(self.spec.seed ^ bytes as u64, bytes));
                 let iters = iters_for(bytes);
                 let mut samples: Vec<Vec<Sample>> = impls.iter().map(|_| Vec::new()).collect();
                 let mut frames = vec![Counts::default(); impls.len()];
                 for &which in impls {
-                    self.broadcast(which, 0, &input, loss)?;
+                    if which == Impl::Mpi {
+                        self.mpi_broadcasts(bytes, 1, loss)?;
+                    } else {
+                        self.broadcast(which, 0, &input, loss)?;
+                    }
                 }
                 for rep in 0..self.spec.reps {
                     for (i, &which) in impls.iter().enumerate() {
                         let before = link_counts(&links)?;
-                        for it in 0..iters {
+                        if which == Impl::Mpi {
+                            samples[i].extend(self.mpi_broadcasts(bytes, iters, loss)?);
+                        }
+                        for it in (0..iters).filter(|_| which != Impl::Mpi) {
                             let root = (rep * iters + it) % self.ranks;
                             samples[i].push(self.broadcast(which, root, &input, loss)?);
                         }
@@ -590,6 +677,34 @@ impl Driver<'_> {
             bail!("setting up the ranks: {}", failed.join("; "));
         }
         Ok(())
+    }
+
+    /// `iters` broadcasts of `bytes` by Open MPI, each timed inside its
+    /// program as [`Driver::broadcast`] times the others (its roots rotate
+    /// from 0).
+    fn mpi_broadcasts(&self, bytes: usize, iters: usize, loss: f64) -> anyhow::Result<Vec<Sample>> {
+        let mut job = self
+            .mpi
+            .as_ref()
+            .context("Open MPI is not running")?
+            .borrow_mut();
+        let answer = job.bcast(bytes, iters, 1).with_context(|| {
+            format!(
+                "Open MPI broadcast of {}, {} ranks, loss {loss}%",
+                format_size(bytes),
+                self.ranks
+            )
+        })?;
+        // The namespace counters cover the whole call; count them once.
+        Ok(answer
+            .samples
+            .iter()
+            .enumerate()
+            .map(|(k, &time)| Sample {
+                time,
+                retransmits: if k == 0 { answer.retransmits } else { 0 },
+            })
+            .collect())
     }
 
     /// One broadcast of `which` from `root` on every rank, timed from the
@@ -672,6 +787,7 @@ impl Driver<'_> {
         let time_us = median(&times_us).unwrap_or(f64::NAN);
         Record {
             implementation: which,
+            path: which.path(),
             ranks: self.ranks,
             bytes,
             time_us,
@@ -707,14 +823,29 @@ pub fn vs_unicast(
     Some(u.time_us / x.time_us)
 }
 
+/// `which`'s algbw over Open MPI's (Open MPI's time over `which`'s) at
+/// the same point of the same run.
+pub fn vs_mpi(
+    records: &[Record],
+    which: Impl,
+    ranks: usize,
+    bytes: usize,
+    loss: f64,
+) -> Option<f64> {
+    let x = find(records, which, ranks, bytes, loss)?;
+    let m = find(records, Impl::Mpi, ranks, bytes, loss)?;
+    Some(m.time_us / x.time_us)
+}
+
 /// The table of one rank count and loss rate: a row per size and
-/// implementation, with its algbw relative to unicast's.
+/// implementation, with the star it ran on and its algbw relative to Open
+/// MPI's (when it ran) and to unicast's.
 pub fn table(records: &[Record], ranks: usize, loss: f64) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>8} {:>10} {:>8} | {:>11} {:>11} {:>6} | {:>10}",
-        "size", "bytes", "impl", "time(us)", "algbw(GB/s)", "retx", "x unicast"
+        "{:>8} {:>10} {:>8} {:>10} | {:>11} {:>11} {:>6} | {:>7} {:>10}",
+        "size", "bytes", "impl", "path", "time(us)", "algbw(GB/s)", "retx", "x mpi", "x unicast"
     );
     let mut rows: Vec<&Record> = records
         .iter()
@@ -725,12 +856,15 @@ pub fn table(records: &[Record], ranks: usize, loss: f64) -> String {
     for r in rows {
         let ratio = vs_unicast(records, r.implementation, ranks, r.bytes, loss)
             .map_or_else(|| "-".to_owned(), |x| format!("{x:.2}"));
+        let mpi = vs_mpi(records, r.implementation, ranks, r.bytes, loss)
+            .map_or_else(|| "-".to_owned(), |x| format!("{x:.2}"));
         let _ = writeln!(
             out,
-            "{:>8} {:>10} {:>8} | {:>11.1} {:>11.4} {:>6} | {ratio:>10}",
+            "{:>8} {:>10} {:>8} {:>10} | {:>11.1} {:>11.4} {:>6} | {mpi:>7} {ratio:>10}",
             format_size(r.bytes),
             r.bytes,
             r.implementation.name(),
+            r.path,
             r.time_us,
             r.algbw_gbps,
             r.retransmits
@@ -835,6 +969,7 @@ mod tests {
     fn record(which: Impl, ranks: usize, bytes: usize, time_us: f64) -> Record {
         Record {
             implementation: which,
+            path: which.path(),
             ranks,
             bytes,
             time_us,

@@ -16,6 +16,9 @@
 //! - [`bcast`]: host-based broadcasts over TCP (root-to-all unicast, a
 //!   binomial tree, one root-to-one transfer), the baselines of
 //!   [`bcast_bench`] (`bench bcast`), which compares xina with them.
+//! - [`plain`]: the plain star (no XDP) the baselines run on.
+//! - [`mpi`]: Open MPI's collectives across a star's namespaces, the
+//!   benches' third column when `mpirun` is installed.
 
 pub mod allreduce_bench;
 pub mod bcast;
@@ -24,7 +27,9 @@ pub mod bench;
 pub mod ethtool;
 pub mod group;
 pub mod lossy;
+pub mod mpi;
 pub mod netns;
+pub mod plain;
 pub mod ring;
 pub mod scenario;
 pub mod topology;

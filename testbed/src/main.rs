@@ -144,13 +144,16 @@ enum BenchCommand {
     /// packets per second real senders get through it in namespaces.
     Switch(BenchSwitchArgs),
     /// Allreduce through the XDP switch against a host-based ring allreduce
-    /// over TCP on the same namespaces and links, for each worker count and
-    /// size, in nccl-tests' columns, with the ratio between them.
+    /// over TCP and Open MPI (when installed), both on a plain star of the
+    /// same namespaces and links without XDP, for each worker count and
+    /// size, in nccl-tests' columns, with the ratios between them.
     Allreduce(BenchAllreduceArgs),
-    /// Broadcast on the switch's namespaces and links: root-to-all unicast
-    /// over TCP, a pipelined binomial tree over TCP, and one root-to-one TCP
-    /// transfer (the bound a network multicast could reach), for each rank
-    /// count, size and loss rate, with ratios against unicast.
+    /// Broadcast: xina's through the XDP switch; root-to-all unicast over
+    /// TCP, a pipelined binomial tree over TCP, one root-to-one TCP transfer
+    /// (the bound a network multicast could reach) and Open MPI (when
+    /// installed) on a plain star of the same namespaces and links without
+    /// XDP; for each rank count, size and loss rate, with ratios against
+    /// unicast and Open MPI.
     Bcast(BenchBcastArgs),
 }
 
@@ -199,7 +202,8 @@ fn bench_bcast(args: &BenchBcastArgs) -> anyhow::Result<bool> {
     spec.validate()?;
     let machine = bench::Machine::this();
     println!(
-        "xina bench bcast: {} over the switch's namespaces, {} CPUs, Linux {}",
+        "xina bench bcast: {} (xina through the XDP switch, the others on a plain star), \
+         {} CPUs, Linux {}",
         spec.impls
             .iter()
             .map(|i| i.name())
@@ -223,10 +227,11 @@ fn bench_bcast(args: &BenchBcastArgs) -> anyhow::Result<bool> {
     println!(
         "time: per broadcast, first rank out of the barrier to the slowest receiver's last byte \
          (xina: its broadcast call's return); algbw = size/time (GB/s = 1e9 B/s; busbw = \
-         algbw);\nretx: TCP retransmitted segments (xina: chunks the roots sent again) summed \
-         over ranks and broadcasts; x unicast = unicast time / time (algbw relative to \
-         unicast in the same run);\nunicast: root sends to every rank, concurrently; tree: \
-         binomial, pipelined forwarding; once: root to one rank (the multicast bound); xina: \
+         algbw);\nretx: TCP retransmitted segments (xina: chunks the roots sent again; mpi: \
+         the plain star's namespace counters) summed over ranks and broadcasts; x mpi, \
+         x unicast = their time / time (algbw relative to theirs in the same run);\nunicast: \
+         root sends to every rank, concurrently; tree: binomial, pipelined forwarding; once: \
+         root to one rank (the multicast bound); mpi: Open MPI's MPI_Bcast over TCP; xina: \
          reliable broadcast through a multicast group on the XDP switch\n"
     );
     let goals = bcast_bench::judge_goals(&records);
@@ -286,6 +291,11 @@ struct BenchAllreduceArgs {
     /// of chunks, 4 to 64).
     #[arg(long)]
     slots: Option<u32>,
+    /// Implementations, in table order (`mpi` only when `mpirun` and
+    /// `mpicc` are installed).
+    #[arg(long, value_enum, value_delimiter = ',',
+          default_values_t = allreduce_bench::Impl::ALL)]
+    impls: Vec<allreduce_bench::Impl>,
     /// Also write the spec, goals and one record per measurement as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -300,13 +310,14 @@ fn bench_allreduce(args: &BenchAllreduceArgs) -> anyhow::Result<bool> {
         frames: args.frame.clone(),
         elems_per_packet: args.elems_per_packet,
         slots: args.slots,
+        impls: args.impls.clone(),
         ..Default::default()
     };
     spec.validate()?;
     let machine = bench::Machine::this();
     println!(
-        "xina bench allreduce: int32 sum, xina through the XDP switch vs a TCP ring, \
-         {} CPUs, Linux {}",
+        "xina bench allreduce: int32 sum, xina through the XDP switch vs a TCP ring and \
+         Open MPI on a plain star, {} CPUs, Linux {}",
         machine.cpus, machine.kernel
     );
     println!(
@@ -335,7 +346,8 @@ fn bench_allreduce(args: &BenchAllreduceArgs) -> anyhow::Result<bool> {
     println!(
         "time: per allreduce, first rank out of the barrier to last rank done; algbw = size/time, \
          busbw = algbw*2(n-1)/n (GB/s = 1e9 B/s);\nretx: xina retransmitted chunks, ring TCP \
-         retransmitted segments, summed over ranks and repetitions; xina/ring = ring time / xina time\n"
+         retransmitted segments, mpi TCP retransmitted segments of the plain star's namespaces, \
+         summed over ranks and repetitions; xina/X = X time / xina time\n"
     );
     let goals = allreduce_bench::judge_goals(&records);
     println!("goals:");

@@ -32,6 +32,15 @@
 //! side can move. Writes are as large as the socket takes; Nagle's algorithm
 //! is off (`TCP_NODELAY`).
 //!
+//! Buffers of at most [`WHOLE_MAX_BYTES`] take another schedule, bound by
+//! latency rather than bandwidth: in `n - 1` steps every rank sends the
+//! whole buffer it received in the previous step (its own in the first),
+//! and adds each buffer it receives into its own. Every contribution then
+//! passes every rank once, in `n - 1` hops instead of `2(n-1)`, for
+//! `(n-1)·len` elements sent instead of about `2(n-1)·len/n`. Allreduces of
+//! at most [`SPIN_MAX_BYTES`] also spin briefly before sleeping in
+//! `poll(2)`.
+//!
 //! A peer that closes its connection (a killed process) fails the call at
 //! once with [`Error::Closed`]; a peer that neither sends nor takes data
 //! fails it after the configured timeout with [`Error::Stalled`]. Both name
@@ -51,6 +60,21 @@ pub const RING_PORT: u16 = 5100;
 
 /// Bytes the receive side stages before adding them into the buffer.
 const STAGE_BYTES: usize = 1 << 20;
+
+/// Allreduces of at most this many bytes are latency-bound: a rank that
+/// cannot move checks its sockets again for up to [`SPIN`], yielding the CPU
+/// in between, before it sleeps in `poll(2)` (as MPI libraries spin in their
+/// progress loop). Larger ones sleep at once: their waits are for bandwidth,
+/// and spinning would take CPU time from the ranks that move the data.
+const SPIN_MAX_BYTES: usize = 64 << 10;
+
+/// Allreduces of at most this many bytes send whole buffers around the ring
+/// (`n - 1` hops; see the module docs) instead of reduce-scatter then
+/// allgather (`2(n-1)` hops of `len/n`).
+pub const WHOLE_MAX_BYTES: usize = 4 << 10;
+
+/// How long a latency-bound rank spins before it sleeps.
+const SPIN: Duration = Duration::from_micros(200);
 
 /// How long a rank waits between attempts to connect to a peer that is not
 /// listening yet.
@@ -127,8 +151,11 @@ pub enum Error {
 pub struct RingStats {
     /// Payload bytes sent to the next rank.
     pub bytes_sent: u64,
-    /// Segments TCP retransmitted on the connection to the next rank during
-    /// the call (`tcpi_total_retrans` of `TCP_INFO`, before and after).
+    /// Segments TCP retransmitted on the connection to the next rank since
+    /// the previous call ended (or the ring connected): `tcpi_total_retrans`
+    /// of `TCP_INFO`, read once at the end of each call, since every read
+    /// takes the socket's lock (two per call made an 8-byte allreduce at 2
+    /// ranks about a quarter slower).
     pub retransmits: u64,
     pub elapsed: Duration,
 }
@@ -145,6 +172,8 @@ pub struct RingRank {
     timeout: Duration,
     /// Staged received bytes of a reduce-scatter step, as whole elements.
     stage: Vec<i32>,
+    /// `tcpi_total_retrans` of `next` at the end of the last call.
+    retrans_seen: u32,
 }
 
 #[derive(Debug)]
@@ -225,6 +254,11 @@ impl RingRank {
                 .set_nonblocking(true)
                 .map_err(peer.io_error(rank, "making the socket non-blocking"))?;
         }
+        let retrans_seen = next
+            .as_ref()
+            .map(|p| total_retrans(&p.stream).map_err(p.io_error(rank, "reading TCP_INFO")))
+            .transpose()?
+            .unwrap_or(0);
         Ok(Self {
             rank,
             n,
@@ -232,6 +266,7 @@ impl RingRank {
             prev,
             timeout,
             stage: vec![0; STAGE_BYTES / 4],
+            retrans_seen,
         })
     }
 
@@ -252,8 +287,10 @@ impl RingRank {
         let (Some(next), Some(prev)) = (&self.next, &self.prev) else {
             return Ok(RingStats::default());
         };
-        let retrans_before =
-            total_retrans(&next.stream).map_err(next.io_error(self.rank, "reading TCP_INFO"))?;
+        if size_of_val(data) <= WHOLE_MAX_BYTES {
+            let bytes_sent = allreduce_whole(self.rank, self.n, self.timeout, next, prev, data)?;
+            return self.stats(bytes_sent, started);
+        }
         let plan = Plan {
             rank: self.rank,
             n: self.n,
@@ -266,6 +303,11 @@ impl RingRank {
         let mut carry = 0usize;
         let mut bytes_sent = 0u64;
         let mut last_progress = Instant::now();
+        let spin = if size_of_val(data) <= SPIN_MAX_BYTES {
+            SPIN
+        } else {
+            Duration::ZERO
+        };
         loop {
             send.skip_empty(steps, |s| plan.send_bytes(s));
             recv.skip_empty(steps, |s| plan.recv_bytes(s));
@@ -393,16 +435,125 @@ impl RingRank {
                     steps,
                 });
             }
-            wait(next, want_write, prev, want_read, self.timeout - waited)
-                .map_err(prev.io_error(self.rank, "poll"))?;
+            wait(
+                next,
+                want_write,
+                prev,
+                want_read,
+                spin,
+                self.timeout - waited,
+            )
+            .map_err(prev.io_error(self.rank, "poll"))?;
         }
-        let retrans_after =
-            total_retrans(&next.stream).map_err(next.io_error(self.rank, "reading TCP_INFO"))?;
+        self.stats(bytes_sent, started)
+    }
+
+    /// A finished call's stats; reads the retransmissions since the last.
+    fn stats(&mut self, bytes_sent: u64, started: Instant) -> Result<RingStats, Error> {
+        let retransmits = match &self.next {
+            Some(next) => {
+                let now = total_retrans(&next.stream)
+                    .map_err(next.io_error(self.rank, "reading TCP_INFO"))?;
+                let since = now.wrapping_sub(self.retrans_seen);
+                self.retrans_seen = now;
+                u64::from(since)
+            }
+            None => 0,
+        };
         Ok(RingStats {
             bytes_sent,
-            retransmits: u64::from(retrans_after.wrapping_sub(retrans_before)),
+            retransmits,
             elapsed: started.elapsed(),
         })
+    }
+}
+
+/// The whole-buffer schedule for small buffers (module docs): `n - 1`
+/// steps, each sending the buffer received in the previous step (the
+/// rank's own first) and adding the one received into `data`. Returns the
+/// bytes sent.
+fn allreduce_whole(
+    rank: usize,
+    n: usize,
+    timeout: Duration,
+    next: &Peer,
+    prev: &Peer,
+    data: &mut [i32],
+) -> Result<u64, Error> {
+    let len = size_of_val(data);
+    let steps = n - 1;
+    let mut out = bytes(data).to_vec();
+    let mut inbound = vec![0u8; len];
+    let mut bytes_sent = 0u64;
+    let mut last_progress = Instant::now();
+    for step in 0..steps {
+        let (mut sent, mut got) = (0usize, 0usize);
+        while sent < len || got < len {
+            let (mut progress, mut want_write, mut want_read) = (false, false, false);
+            if sent < len {
+                match (&next.stream).write(&out[sent..]) {
+                    Ok(0) => return Err(closed(rank, next, step, steps)),
+                    Ok(k) => {
+                        sent += k;
+                        bytes_sent += k as u64;
+                        progress = true;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => want_write = true,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(closed_or_io(e, rank, next, "sending", step, steps)),
+                }
+            }
+            if got < len {
+                match (&prev.stream).read(&mut inbound[got..]) {
+                    Ok(0) => return Err(closed(rank, prev, step, steps)),
+                    Ok(k) => {
+                        got += k;
+                        progress = true;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => want_read = true,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(closed_or_io(e, rank, prev, "receiving", step, steps)),
+                }
+            }
+            if progress {
+                last_progress = Instant::now();
+                continue;
+            }
+            let waited = last_progress.elapsed();
+            if waited >= timeout {
+                let (peer, what) = if want_read {
+                    (prev, "no data from")
+                } else {
+                    (next, "no room towards")
+                };
+                return Err(Error::Stalled {
+                    rank,
+                    peer: peer.rank,
+                    addr: peer.addr,
+                    what,
+                    waited,
+                    step,
+                    steps,
+                });
+            }
+            wait(next, want_write, prev, want_read, SPIN, timeout - waited)
+                .map_err(prev.io_error(rank, "poll"))?;
+        }
+        for (d, b) in data.iter_mut().zip(inbound.chunks_exact(4)) {
+            *d = d.wrapping_add(i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+        }
+        std::mem::swap(&mut out, &mut inbound);
+    }
+    Ok(bytes_sent)
+}
+
+fn closed(rank: usize, peer: &Peer, step: usize, steps: usize) -> Error {
+    Error::Closed {
+        rank,
+        peer: peer.rank,
+        addr: peer.addr,
+        step,
+        steps,
     }
 }
 
@@ -519,13 +670,15 @@ fn closed_or_io(
     }
 }
 
-/// Sleeps until a wanted direction can move, a socket has an error, or
-/// `timeout` passes.
+/// Waits until a wanted direction can move, a socket has an error, or
+/// `timeout` passes: for up to `spin` by checking without sleeping and
+/// yielding the CPU in between, then asleep in `poll(2)`.
 fn wait(
     next: &Peer,
     want_write: bool,
     prev: &Peer,
     want_read: bool,
+    spin: Duration,
     timeout: Duration,
 ) -> io::Result<()> {
     let mut fds = [
@@ -540,16 +693,26 @@ fn wait(
             revents: 0,
         },
     ];
-    let ms = i32::try_from(timeout.as_millis().max(1)).unwrap_or(i32::MAX);
-    // SAFETY: `fds` is a valid array of two `pollfd`s that outlives the call.
-    let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+    let spin_until = Instant::now() + spin;
+    loop {
+        let ms = if Instant::now() < spin_until {
+            0
+        } else {
+            i32::try_from(timeout.as_millis().max(1)).unwrap_or(i32::MAX)
+        };
+        // SAFETY: `fds` is a valid array of two `pollfd`s that outlives the call.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
         }
+        if rc != 0 || ms != 0 {
+            return Ok(());
+        }
+        std::thread::yield_now();
     }
-    Ok(())
 }
 
 /// `tcpi_total_retrans` of a connection.

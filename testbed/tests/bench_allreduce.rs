@@ -3,7 +3,7 @@
 //! fields plots and comparisons read. Nothing here looks at the timings'
 //! values beyond their being positive and consistent with each other.
 
-use xina_testbed::allreduce_bench::{AllreduceBenchSpec, judge_goals, run, table};
+use xina_testbed::allreduce_bench::{AllreduceBenchSpec, Impl, judge_goals, run, table};
 
 #[test]
 fn records_carry_every_field() {
@@ -13,6 +13,8 @@ fn records_carry_every_field() {
         reps: 2,
         losses: vec![0.0, 1.0],
         frames: vec![1500, 65_000],
+        // Open MPI's column has its own test (tests/mpi.rs).
+        impls: vec![Impl::Xina, Impl::Ring],
         ..Default::default()
     };
     let records = run(&spec, |line| eprintln!("{line}")).expect("bench runs");
@@ -42,6 +44,12 @@ fn records_carry_every_field() {
                     let want_elems = if implementation == "xina" { elems } else { 0 };
                     assert_eq!(r["elems_per_packet"].as_u64(), Some(want_elems));
                     assert_eq!(r["workers"], 2);
+                    let path = if implementation == "xina" {
+                        "xdp switch"
+                    } else {
+                        "plain star"
+                    };
+                    assert_eq!(r["path"], path, "{implementation}");
                     assert_eq!(r["dtype"], "int32");
                     assert_eq!(r["count"].as_u64(), Some(bytes / 4));
                     assert!(r["retransmits"].is_u64());
