@@ -84,6 +84,11 @@ pub const GOAL_BANDWIDTH_RATIO: f64 = 2.0;
 /// Goal 2: xina's time at most half the ring's for 8 bytes at 8 workers.
 pub const GOAL_LATENCY_BYTES: usize = 8;
 pub const GOAL_LATENCY_RATIO: f64 = 2.0;
+/// Issue 12: xina's algbw at least 1.5x Open MPI's at 64 MiB and 8 workers.
+pub const GOAL_MPI_BANDWIDTH_RATIO: f64 = 1.5;
+/// Issue 12: an 8-byte allreduce at 8 workers in at most a quarter of Open
+/// MPI's time.
+pub const GOAL_MPI_LATENCY_RATIO: f64 = 4.0;
 /// Goal 3: xina's goodput at 1% loss at least 80% of lossless.
 pub const GOAL_LOSS_PCT: f64 = 1.0;
 pub const GOAL_GOODPUT_RATIO: f64 = 0.8;
@@ -1123,6 +1128,37 @@ pub fn judge_goals(records: &[Record]) -> Vec<Goal> {
         GOAL_GOODPUT_RATIO,
         detail,
     ));
+    // Issue 12's CPU-bound goals, against Open MPI on the plain star.
+    for (bytes, threshold, what) in [
+        (
+            GOAL_BANDWIDTH_BYTES,
+            GOAL_MPI_BANDWIDTH_RATIO,
+            format!(
+                "at {} and {GOAL_WORKERS} workers, xina's algbw >= {GOAL_MPI_BANDWIDTH_RATIO}x Open MPI's",
+                format_size(GOAL_BANDWIDTH_BYTES)
+            ),
+        ),
+        (
+            GOAL_LATENCY_BYTES,
+            GOAL_MPI_LATENCY_RATIO,
+            format!(
+                "{GOAL_LATENCY_BYTES}-byte allreduce at {GOAL_WORKERS} workers: xina's time <= 1/{GOAL_MPI_LATENCY_RATIO} of Open MPI's"
+            ),
+        ),
+    ] {
+        let r = ratio_to(records, Impl::Mpi, goal_at, bytes, 0.0);
+        let detail = match r {
+            Some(_) => format!(
+                "lossless, {GOAL_WORKERS} workers, MTU {frame}, {}: Open MPI's time / xina's",
+                format_size(bytes)
+            ),
+            None => format!(
+                "not measured (needs Open MPI, {GOAL_WORKERS} workers, {} and loss 0)",
+                format_size(bytes)
+            ),
+        };
+        goals.push(judge(what, r, threshold, detail));
+    }
     goals
 }
 
