@@ -60,7 +60,7 @@ use xina_proto::{DType, XINA_UDP_PORT, frame::elems_for_mtu};
 use crate::{
     bench::{Machine, median},
     lossy::{Counts, LossyLink},
-    mpi::{self, MpiJob, MpiProgram},
+    mpi::{MpiJob, MpiProgram},
     netns::NetNs,
     plain,
     ring::{RingRank, ring_addrs},
@@ -396,16 +396,10 @@ pub fn run(
 ) -> anyhow::Result<Vec<Record>> {
     spec.validate()?;
     let mut impls = spec.impls.clone();
-    let program = if !impls.contains(&Impl::Mpi) {
-        None
-    } else if mpi::available() {
-        progress("compiling the Open MPI benchmark program");
-        Some(MpiProgram::build()?)
-    } else {
-        progress("mpirun or mpicc not installed: no Open MPI column");
+    let program = MpiProgram::for_bench(impls.contains(&Impl::Mpi), "column", &mut progress)?;
+    if program.is_none() {
         impls.retain(|&i| i != Impl::Mpi);
-        None
-    };
+    }
     ensure!(!impls.is_empty(), "impls: only mpi, which is not installed");
     let mut records = Vec::new();
     for &frame in &spec.frames {

@@ -79,7 +79,7 @@ use crate::{
     bench::{Machine, median},
     group::{self, GroupSpec},
     lossy::Counts,
-    mpi::{self, MpiJob, MpiProgram},
+    mpi::{MpiJob, MpiProgram},
     netns::NetNs,
     plain, scenario,
     topology::{Star, StarOptions},
@@ -286,16 +286,10 @@ pub struct BcastBenchReport {
 pub fn run(spec: &BcastBenchSpec, mut progress: impl FnMut(&str)) -> anyhow::Result<Vec<Record>> {
     spec.validate()?;
     let mut impls = spec.impls.clone();
-    let program = if !impls.contains(&Impl::Mpi) {
-        None
-    } else if mpi::available() {
-        progress("compiling the Open MPI benchmark program");
-        Some(MpiProgram::build()?)
-    } else {
-        progress("mpirun or mpicc not installed: no Open MPI rows");
+    let program = MpiProgram::for_bench(impls.contains(&Impl::Mpi), "rows", &mut progress)?;
+    if program.is_none() {
         impls.retain(|&i| i != Impl::Mpi);
-        None
-    };
+    }
     ensure!(!impls.is_empty(), "impls: only mpi, which is not installed");
     let mut records = Vec::new();
     for &ranks in &spec.ranks {

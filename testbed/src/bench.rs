@@ -692,14 +692,15 @@ pub fn run_switch_bench(
     ensure!(spec.slots > 0, "the job needs at least one slot");
     ensure!(spec.repeat > 0, "repeat must be at least 1");
     // Room for the widest case's partials on every possible CPU.
-    let cpus = aya::util::nr_cpus().map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX));
-    let units = spec
+    let mut units = u64::from(xina_proto::maps::DEFAULT_UNITS);
+    let by_frame = spec
         .frames
         .iter()
-        .map(|&mtu| xina_proto::frame::elems_for_mtu(DType::I32, mtu))
-        .chain(spec.elems.iter().map(|&e| usize::from(e)))
-        .map(|e| xina_proto::frame::wide_units(e, spec.slots, cpus))
-        .fold(u64::from(xina_proto::maps::DEFAULT_UNITS), u64::max);
+        .map(|&mtu| xina_proto::frame::elems_for_mtu(DType::I32, mtu));
+    for elems in by_frame.chain(spec.elems.iter().map(|&e| usize::from(e))) {
+        let elems = u16::try_from(elems).unwrap_or(u16::MAX);
+        units = units.max(xina::dataplane::wide_units_here(elems, spec.slots)?);
+    }
     let mut dp = Dataplane::load(LoadOptions {
         slot_pool: spec.slots,
         units: u32::try_from(units).context("units")?,

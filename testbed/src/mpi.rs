@@ -97,6 +97,31 @@ pub struct MpiProgram {
 }
 
 impl MpiProgram {
+    /// What a bench that `wanted` Open MPI measures it with: the program,
+    /// built, when Open MPI is installed (`progress` hears which); `None`
+    /// when it was not wanted or is not installed, and the bench leaves
+    /// its `what` (column, rows) out.
+    ///
+    /// # Errors
+    /// As [`Self::build`].
+    pub fn for_bench(
+        wanted: bool,
+        what: &str,
+        progress: &mut impl FnMut(&str),
+    ) -> anyhow::Result<Option<Self>> {
+        if !wanted {
+            return Ok(None);
+        }
+        if !available() {
+            progress(&format!(
+                "mpirun or mpicc not installed: no Open MPI {what}"
+            ));
+            return Ok(None);
+        }
+        progress("compiling the Open MPI benchmark program");
+        Self::build().map(Some)
+    }
+
     /// Writes [`SOURCE`] to a fresh temporary directory and compiles it
     /// with `mpicc -O2`.
     ///

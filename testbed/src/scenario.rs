@@ -642,9 +642,10 @@ pub fn star_config(star: &Star, spec: &AllreduceSpec) -> String {
         .map(|p| format!("{:?}", p.name))
         .collect();
     let pool = spec.slots.max(xina_proto::maps::DEFAULT_SLOT_POOL);
-    // Room for a wide job's partials on every possible CPU.
-    let cpus = aya::util::nr_cpus().map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX));
-    let units = xina_proto::frame::wide_units(usize::from(spec.elems_per_packet), spec.slots, cpus)
+    // Room for a wide job's partials on every possible CPU (a machine whose
+    // CPUs cannot be read gets the default, and the job's refusal names it).
+    let units = xina::dataplane::wide_units_here(spec.elems_per_packet, spec.slots)
+        .unwrap_or(0)
         .max(u64::from(xina_proto::maps::DEFAULT_UNITS));
     let _ = writeln!(
         toml,

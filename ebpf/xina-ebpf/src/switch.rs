@@ -79,11 +79,15 @@ pub fn try_switch(ctx: &XdpContext, tally: &mut Tally) -> Result<Verdict, Verdic
     }
     let size = if job.dtype == DType::I64 as u8 { 8 } else { 4 };
     let payload_end = PAYLOAD + size * usize::from(count);
-    // The whole frame, fragments included (a wide frame is multi-buffer).
-    // SAFETY: a plain helper call on this program's context.
-    let frame_len = unsafe { bpf_xdp_get_buff_len(ctx.ctx) } as usize;
-    if payload_end > frame_len {
-        return Err(Error::Truncated.into());
+    // A narrow frame lies in the linear part; only a longer (wide,
+    // multi-buffer) one needs the length of its fragments too, a helper call
+    // the narrow path need not pay.
+    if ctx.data() + payload_end > ctx.data_end() {
+        // SAFETY: a plain helper call on this program's context.
+        let frame_len = unsafe { bpf_xdp_get_buff_len(ctx.ctx) } as usize;
+        if payload_end > frame_len {
+            return Err(Error::Truncated.into());
+        }
     }
     // The datagram must be exactly the header and the announced payload:
     // bytes outside it (Ethernet padding, or lengths that lie) are never

@@ -155,6 +155,20 @@ fn possible_cpus() -> Result<u32, Error> {
     Ok(u32::try_from(n).unwrap_or(u32::MAX))
 }
 
+/// Units of `UNITS` a wide job of `elems` elements per packet and `slots`
+/// slots needs on this machine ([`frame::wide_units`] with the possible
+/// CPUs): what a switch's `units` must at least be for it.
+///
+/// # Errors
+/// When the possible CPUs cannot be read.
+pub fn wide_units_here(elems: u16, slots: u32) -> Result<u64, Error> {
+    Ok(frame::wide_units(
+        usize::from(elems),
+        slots,
+        possible_cpus()?,
+    ))
+}
+
 /// A random non-zero fan-out key (see `xina_proto::maps::FanoutMeta`).
 fn fanout_key() -> u32 {
     let mut key = [0u8; 4];
