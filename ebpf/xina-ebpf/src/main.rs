@@ -39,7 +39,7 @@
 // `core::intrinsics::atomic_xadd`: the per-member packet counters are
 // shared by every CPU and need an atomic add; the eBPF build is pinned to a
 // nightly toolchain.
-#![feature(core_intrinsics)]
+#![feature(core_intrinsics, asm_experimental_arch)]
 #![expect(internal_features, reason = "core_intrinsics, for atomic_xadd")]
 
 mod egress;

@@ -112,6 +112,27 @@ pub trait Elem {
     fn add(acc: i64, v: i64) -> (i64, bool);
     /// Clamps an accumulator to the type's range; `true` if it had to.
     fn clamp(v: i64) -> (i64, bool);
+    /// [`Elem::add`] without a branch (the wide path's loops run over
+    /// random values, where a branch per element is mispredicted often, and
+    /// a flag that is a different constant on each side of a branch splits
+    /// the verifier's states at every element); non-zero if it saturated.
+    fn add_lane(acc: i64, v: i64) -> (i64, u64);
+    /// All ones if `v < acc`, else zero, without a branch.
+    fn less_mask(acc: i64, v: i64) -> i64;
+    /// A word to OR over accumulators, for [`Elem::out_of_range`].
+    fn excess(acc: i64) -> u64;
+    /// Whether one of the accumulators ORed into `excess` needs clamping.
+    fn out_of_range(excess: u64) -> bool;
+}
+
+/// `v`, hidden from the optimiser, so that it cannot turn the arithmetic
+/// that uses it back into a comparison and a branch (BPF has no
+/// conditional move).
+#[inline(always)]
+pub fn opaque(mut v: i64) -> i64 {
+    // SAFETY: a move of `v` to itself, which the optimiser cannot see into.
+    unsafe { core::arch::asm!("{0} = {0}", inout(reg) v, options(pure, nomem, nostack)) };
+    v
 }
 
 /// The word at byte offset `at` (a multiple of 4) as the number it spells.
@@ -168,6 +189,28 @@ impl Elem for I32 {
             (v, false)
         }
     }
+
+    #[inline(always)]
+    fn add_lane(acc: i64, v: i64) -> (i64, u64) {
+        (acc + v, 0)
+    }
+
+    #[inline(always)]
+    fn less_mask(acc: i64, v: i64) -> i64 {
+        // int32 values in i64: the difference cannot overflow.
+        opaque((v - acc) >> 63)
+    }
+
+    #[inline(always)]
+    fn excess(acc: i64) -> u64 {
+        // Below 2^32 exactly when `acc` is in int32's range.
+        (acc as u64).wrapping_add(1 << 31)
+    }
+
+    #[inline(always)]
+    fn out_of_range(excess: u64) -> bool {
+        excess >> 32 != 0
+    }
 }
 
 impl Elem for I64 {
@@ -206,12 +249,44 @@ impl Elem for I64 {
     fn clamp(v: i64) -> (i64, bool) {
         (v, false)
     }
+
+    #[inline(always)]
+    fn add_lane(acc: i64, v: i64) -> (i64, u64) {
+        let sum = acc.wrapping_add(v);
+        // All ones if the sum overflowed: both operands have the sign the
+        // sum lacks.
+        let mask = opaque(((acc ^ sum) & (v ^ sum)) >> 63);
+        // Saturate in the direction of the true sum (the operands' sign).
+        let bound = opaque(acc >> 63) ^ i64::MAX;
+        (sum ^ ((sum ^ bound) & mask), mask as u64)
+    }
+
+    #[inline(always)]
+    fn less_mask(acc: i64, v: i64) -> i64 {
+        // The sign of `v - acc`, corrected where the difference overflows.
+        let d = v.wrapping_sub(acc);
+        opaque((d ^ ((v ^ acc) & (d ^ v))) >> 63)
+    }
+
+    #[inline(always)]
+    fn excess(_: i64) -> u64 {
+        0
+    }
+
+    #[inline(always)]
+    fn out_of_range(_: u64) -> bool {
+        false
+    }
 }
 
 /// How elements combine.
 pub trait Combine {
     /// Combines an accumulator with a new value; `true` if it saturated.
     fn combine<E: Elem>(acc: i64, v: i64) -> (i64, bool);
+
+    /// [`Combine::combine`] without a branch (see [`Elem::add_lane`]);
+    /// non-zero if it saturated.
+    fn lane<E: Elem>(acc: i64, v: i64) -> (i64, u64);
 }
 
 pub struct Sum;
@@ -223,6 +298,11 @@ impl Combine for Sum {
     fn combine<E: Elem>(acc: i64, v: i64) -> (i64, bool) {
         E::add(acc, v)
     }
+
+    #[inline(always)]
+    fn lane<E: Elem>(acc: i64, v: i64) -> (i64, u64) {
+        E::add_lane(acc, v)
+    }
 }
 
 impl Combine for Max {
@@ -230,12 +310,22 @@ impl Combine for Max {
     fn combine<E: Elem>(acc: i64, v: i64) -> (i64, bool) {
         (if v > acc { v } else { acc }, false)
     }
+
+    #[inline(always)]
+    fn lane<E: Elem>(acc: i64, v: i64) -> (i64, u64) {
+        (v ^ ((v ^ acc) & E::less_mask(acc, v)), 0)
+    }
 }
 
 impl Combine for Min {
     #[inline(always)]
     fn combine<E: Elem>(acc: i64, v: i64) -> (i64, bool) {
         (if v < acc { v } else { acc }, false)
+    }
+
+    #[inline(always)]
+    fn lane<E: Elem>(acc: i64, v: i64) -> (i64, u64) {
+        (acc ^ ((acc ^ v) & E::less_mask(acc, v)), 0)
     }
 }
 

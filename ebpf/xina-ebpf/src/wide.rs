@@ -11,13 +11,17 @@
 //!   ranks were admitted (`bitmap`), which have landed in a partial
 //!   (`landed`) and which CPUs hold partials (`cpus`). The contribution that
 //!   makes `landed` full merges the other CPUs' partials into its own,
-//!   writes the result and marks the copy `COMPLETE`.
+//!   writes the result and marks the copy `COMPLETE`; the last one admitted
+//!   does so straight away, from its staged payload, when every other rank
+//!   has landed already.
 //! - **Blocks.** Partials and results live in the job's units of `UNITS`
 //!   (one block of 128 elements each), so a job's memory follows its frame
 //!   size; the element loops are `bpf_loop` callbacks over steps of `S`
 //!   elements (a divisor of the block), verified once whatever the chunk's
-//!   size. `S` is per program: the verifier walks every element of a step,
-//!   and a branchy combine (`int64` saturation) needs smaller steps.
+//!   size. `S` is per program (int64's saturating add needs more
+//!   instructions per element, so fewer per step). The loops have no branch
+//!   per element and never look at the chunk's count (see the note above
+//!   [`init_block`], and `ebpf/README.md`).
 //! - **Fan-out through tc.** A devmap broadcast cannot carry a multi-buffer
 //!   frame, so the completed result is passed to the kernel with a mark in
 //!   its XDP metadata, and the tc program [`crate::fanout`] on the port's
@@ -47,6 +51,7 @@ use aya_ebpf::{
 };
 use xina_proto::{
     Flags, MAX_FRAME_PAYLOAD,
+    checksum::fold,
     counters::Counter,
     frame::{BLOCK_ELEMS, unit_of},
     maps::{FanoutMeta, Slot, slot_state},
@@ -55,7 +60,8 @@ use xina_proto::{
 use crate::{
     error::{Error, Verdict},
     maps::{
-        MAX_CPUS, SCRATCH, SLOTS, Tally, UNITS, WIDE_SCRATCH, WideBuf, XINA_CPUS, XINA_FANOUT_KEY,
+        MAX_CPUS, Pending, SCRATCH, SLOTS, Tally, UNITS, WIDE_SCRATCH, WideBuf, XINA_CPUS,
+        XINA_FANOUT_KEY,
     },
     packet::PAYLOAD,
     slot::{self, Combine, Contribution, Elem},
@@ -69,6 +75,12 @@ enum Admit {
     Init,
     /// Combined into this CPU's partial.
     Combine,
+    /// Every other rank has landed in the partials of the CPUs `holders`:
+    /// this contribution completes the chunk from them and the staged
+    /// payload, without landing in a partial first.
+    Complete {
+        holders: u64,
+    },
     /// A repeat of a finished chunk: answered from the result.
     FromCache(slot::Result),
     Duplicate,
@@ -85,6 +97,13 @@ fn admit(s: &mut Slot, c: &Contribution, cpu_bit: u64) -> Admit {
         s.root = c.root;
         s.flags = 0;
         s.bitmap = c.rank_bit;
+        if c.rank_bit == c.all_ranks {
+            // A job of one rank.
+            s.landed = c.rank_bit;
+            s.cpus = 0;
+            s.state = slot_state::COMPLETING;
+            return Admit::Complete { holders: 0 };
+        }
         s.landed = 0;
         s.cpus = cpu_bit;
         s.state = slot_state::PARTIAL;
@@ -108,6 +127,11 @@ fn admit(s: &mut Slot, c: &Contribution, cpu_bit: u64) -> Admit {
         return Admit::Duplicate;
     }
     s.bitmap |= c.rank_bit;
+    if s.landed | c.rank_bit == c.all_ranks {
+        s.landed = c.all_ranks;
+        s.state = slot_state::COMPLETING;
+        return Admit::Complete { holders: s.cpus };
+    }
     if s.cpus & cpu_bit == 0 {
         s.cpus |= cpu_bit;
         Admit::Init
@@ -142,32 +166,38 @@ struct Blocks {
     src: u32,
     /// First unit written.
     dst: u32,
-    /// Elements in the chunk: the loops stop there.
-    n: u32,
     /// Non-zero once a value saturated or had to be clamped.
-    over: u32,
+    over: u64,
     /// Non-zero if a unit was missing (a control-plane fault).
     failed: u32,
-    _pad: u32,
+    /// Steps in the chunk (for [`merge_block`]).
+    steps: u32,
     /// Checksum adjustment from the staged payload to what replaced it.
     csum: u64,
+    /// [`merge_block`]: the CPUs whose partials are merged into `dst`, and
+    /// the first unit of CPU 0's partial and the units per partial.
+    holders: u64,
+    cpu0: u32,
+    stride: u32,
 }
+
+/// No partial (a unit index no job has).
+const NONE: u32 = u32::MAX;
 
 /// Most steps of `S` elements of `E` in a staged payload.
 const fn max_steps<E: Elem, const S: usize>() -> usize {
     MAX_FRAME_PAYLOAD / (E::SIZE * S)
 }
 
-/// Where step `k` of `S` elements starts: the unit (relative to the first)
-/// and the element within it. `S` divides [`BLOCK_ELEMS`], so a step never
-/// spans two units.
-const fn step_at<const S: usize>(k: usize) -> (u32, usize) {
-    ((k * S / BLOCK_ELEMS) as u32, k * S % BLOCK_ELEMS)
+/// Words of `E` in a step of `S` elements.
+const fn step_words<E: Elem, const S: usize>() -> usize {
+    S * E::SIZE / 4
 }
 
-/// The start of every callback: the loop's context, the step's index, its
-/// unit (relative to the first) and its element within the unit; `None`
-/// past the payload's capacity, where the loop stops.
+/// The start of every callback: the loop's context, the step's first word
+/// in the staged payload, its unit (relative to the first) and its element
+/// within the unit; `None` past the payload's capacity, where the loop
+/// stops. `S` divides [`BLOCK_ELEMS`], so a step never spans two units.
 ///
 /// # Safety
 /// `ctx` is the `Blocks` the caller passed to `bpf_loop`.
@@ -175,226 +205,339 @@ const fn step_at<const S: usize>(k: usize) -> (u32, usize) {
 unsafe fn step<'a, E: Elem, const S: usize>(
     k: u64,
     ctx: *mut c_void,
-) -> Option<(&'a mut Blocks, usize, u32, usize)> {
+) -> Option<(&'a mut Blocks, *mut u32, u32, usize)> {
     let k = k as usize;
     if k >= max_steps::<E, S>() {
         return None;
     }
-    let (u, at) = step_at::<S>(k);
     // SAFETY: as the caller promises.
-    Some((unsafe { &mut *ctx.cast::<Blocks>() }, k, u, at))
+    let ctx = unsafe { &mut *ctx.cast::<Blocks>() };
+    // SAFETY: step `k` lies inside the staged payload (checked above).
+    let words = unsafe { ctx.input.cast::<u32>().add(k * step_words::<E, S>()) };
+    Some((
+        ctx,
+        words,
+        (k * S / BLOCK_ELEMS) as u32,
+        k * S % BLOCK_ELEMS,
+    ))
 }
 
-/// The unit at `index`, or `None`.
+/// Element `at` of the unit `index`, or `None`.
 #[inline(always)]
-fn unit(index: u32) -> Option<*mut u64> {
-    UNITS.get_ptr_mut(index).map(|u| u.cast::<u64>())
+fn unit(index: u32, at: usize) -> Option<*mut u64> {
+    // SAFETY: `at` is below BLOCK_ELEMS, the values of a unit (callers).
+    UNITS
+        .get_ptr_mut(index)
+        .map(|u| unsafe { u.cast::<u64>().add(at) })
 }
 
-/// Element `i` of the staged payload.
+/// Element `j` of wire words `w`.
 ///
 /// # Safety
-/// `i` below the payload's capacity in elements of `E`.
+/// Room for element `j` at `w`.
 #[inline(always)]
-unsafe fn get<E: Elem>(input: *const u32, i: usize) -> i64 {
+unsafe fn get<E: Elem>(w: *const u32, j: usize) -> i64 {
     if E::SIZE == 4 {
         // SAFETY: in bounds (caller).
-        i64::from(u32::from_be(unsafe { *input.add(i) }) as i32)
+        i64::from(u32::from_be(unsafe { *w.add(j) }) as i32)
     } else {
         // SAFETY: as above.
-        let hi = u64::from(u32::from_be(unsafe { *input.add(2 * i) }));
+        let hi = u64::from(u32::from_be(unsafe { *w.add(2 * j) }));
         // SAFETY: as above.
-        let lo = u64::from(u32::from_be(unsafe { *input.add(2 * i + 1) }));
+        let lo = u64::from(u32::from_be(unsafe { *w.add(2 * j + 1) }));
         ((hi << 32) | lo) as i64
     }
 }
 
-/// Stores `v` as the wire words of element `j` at `out`, and the checksum
-/// adjustment from the words it replaces.
+/// Stores `v` as element `j` of wire words `w`.
 ///
 /// # Safety
-/// Room for element `j` at `out`.
+/// Room for element `j` at `w`.
 #[inline(always)]
-unsafe fn put<E: Elem>(out: *mut u32, j: usize, v: i64) -> u64 {
+unsafe fn set<E: Elem>(w: *mut u32, j: usize, v: i64) {
     if E::SIZE == 4 {
-        let new = v as i32 as u32;
         // SAFETY: in bounds (caller).
-        let old = u32::from_be(unsafe { *out.add(j) });
-        // SAFETY: as above.
-        unsafe { *out.add(j) = new.to_be() };
-        u64::from(!old) + u64::from(new)
+        unsafe { *w.add(j) = (v as u32).to_be() };
     } else {
-        let (hi, lo) = ((v >> 32) as u32, v as u32);
-        // SAFETY: as above.
-        let (old_hi, old_lo) = unsafe {
-            (
-                u32::from_be(*out.add(2 * j)),
-                u32::from_be(*out.add(2 * j + 1)),
-            )
-        };
         // SAFETY: as above.
         unsafe {
-            *out.add(2 * j) = hi.to_be();
-            *out.add(2 * j + 1) = lo.to_be();
+            *w.add(2 * j) = ((v >> 32) as u32).to_be();
+            *w.add(2 * j + 1) = (v as u32).to_be();
         }
-        u64::from(!old_hi) + u64::from(hi) + u64::from(!old_lo) + u64::from(lo)
     }
 }
 
-/// `bpf_loop` callback: this CPU's partial (`src`) := block `b` of the
-/// payload.
+// The element loops below run over whole steps, never looking at the
+// chunk's element count: `aggregate` zeroes the staged payload from the
+// count to the end of its last step, and a zero combines to zero with
+// every op, never overflows, and changes no checksum (`~0 + 0` is the
+// ones'-complement zero). A loop that stopped at the count would make the
+// verifier walk the rest of the callback once per possible stop.
+
+/// Runs `f` for `0..S`, in groups of `U` that the compiler unrolls.
+#[inline(always)]
+fn lanes_by<const S: usize, const U: usize>(mut f: impl FnMut(usize)) {
+    for g in 0..S / U {
+        for i in 0..U {
+            f(g * U + i);
+        }
+    }
+}
+
+/// Runs `f` for `0..S`, in groups that the compiler unrolls: unrolling
+/// `int32` by 8 halves its cost; `int64`'s saturating sum needs so many
+/// registers that more than 2 at a time spill past the BPF stack.
+#[inline(always)]
+fn lanes<E: Elem, const S: usize>(f: impl FnMut(usize)) {
+    if E::SIZE == 4 {
+        lanes_by::<S, 8>(f)
+    } else {
+        lanes_by::<S, 2>(f)
+    }
+}
+
+/// As [`lanes`], in smaller groups, for the loops that keep more values
+/// live (more would spill registers to the stack).
+#[inline(always)]
+fn lanes_narrow<E: Elem, const S: usize>(f: impl FnMut(usize)) {
+    if E::SIZE == 4 {
+        lanes_by::<S, RESULT_UNROLL>(f)
+    } else {
+        lanes_by::<S, 2>(f)
+    }
+}
+
+const RESULT_UNROLL: usize = 4;
+
+/// `bpf_loop` callback: this CPU's partial (`dst`) := the step's elements.
 unsafe extern "C" fn init_block<E: Elem, const S: usize>(k: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `ctx` is the `Blocks` the caller passed to `bpf_loop`.
-    let Some((ctx, k, u, at)) = (unsafe { step::<E, S>(k, ctx) }) else {
+    let Some((ctx, input, u, at)) = (unsafe { step::<E, S>(k, ctx) }) else {
         return 1;
     };
-    let Some(part) = unit(ctx.src + u) else {
+    let Some(part) = unit(ctx.dst + u, at) else {
         ctx.failed = 1;
         return 1;
     };
-    let input = ctx.input.cast::<u32>();
-    for j in 0..S {
-        let i = k * S + j;
-        if i >= ctx.n as usize {
-            return 1;
-        }
-        // SAFETY: `i` is below the payload's capacity (`k` checked above);
-        // `at + j` below BLOCK_ELEMS.
-        unsafe { *part.add(at + j) = get::<E>(input, i) as u64 };
-    }
+    lanes::<E, S>(|j| {
+        // SAFETY: a step's `S` elements fit both the payload and the unit.
+        unsafe { *part.add(j) = get::<E>(input, j) as u64 };
+    });
     0
 }
 
-/// `bpf_loop` callback: this CPU's partial (`src`) combined with block `b`
-/// of the payload.
+/// `bpf_loop` callback: this CPU's partial (`dst`) combined with the
+/// step's elements.
 unsafe extern "C" fn combine_block<E: Elem, C: Combine, const S: usize>(
     k: u64,
     ctx: *mut c_void,
 ) -> i64 {
     // SAFETY: `ctx` is the `Blocks` the caller passed to `bpf_loop`.
-    let Some((ctx, k, u, at)) = (unsafe { step::<E, S>(k, ctx) }) else {
+    let Some((ctx, input, u, at)) = (unsafe { step::<E, S>(k, ctx) }) else {
         return 1;
     };
-    let Some(part) = unit(ctx.src + u) else {
+    let Some(part) = unit(ctx.dst + u, at) else {
         ctx.failed = 1;
         return 1;
     };
-    let input = ctx.input.cast::<u32>();
     let mut over = 0;
-    for j in 0..S {
-        let i = k * S + j;
-        if i >= ctx.n as usize {
-            break;
-        }
+    lanes::<E, S>(|j| {
         // SAFETY: as in `init_block`.
         unsafe {
-            let p = part.add(at + j);
-            let (acc, o) = C::combine::<E>(*p as i64, get::<E>(input, i));
+            let p = part.add(j);
+            let (acc, o) = C::lane::<E>(*p as i64, get::<E>(input, j));
             *p = acc as u64;
-            over |= u32::from(o);
+            over |= o;
         }
-    }
+    });
     ctx.over |= over;
     0
 }
 
-/// `bpf_loop` callback: block `b` of partial `dst` combined with that of
-/// partial `src` (another CPU's).
+/// `bpf_loop` callback over every step of every CPU's partial: step
+/// `k % steps` of CPU `k / steps`'s partial, if it is one of `holders`,
+/// combined into partial `dst`. One loop over all of them, so that the
+/// verifier walks the callback from one call site.
 unsafe extern "C" fn merge_block<E: Elem, C: Combine, const S: usize>(
     k: u64,
     ctx: *mut c_void,
 ) -> i64 {
     // SAFETY: `ctx` is the `Blocks` the caller passed to `bpf_loop`.
-    let Some((ctx, k, u, at)) = (unsafe { step::<E, S>(k, ctx) }) else {
+    let c = unsafe { &*ctx.cast::<Blocks>() };
+    if c.steps == 0 {
+        return 1;
+    }
+    let (cpu, k) = (k / u64::from(c.steps), k % u64::from(c.steps));
+    if cpu >= u64::from(MAX_CPUS) {
+        return 1;
+    }
+    if c.holders & (1u64 << cpu) == 0 {
+        return 0;
+    }
+    let src = c.cpu0 + cpu as u32 * c.stride;
+    // SAFETY: as above.
+    let Some((ctx, _, u, at)) = (unsafe { step::<E, S>(k, ctx) }) else {
         return 1;
     };
-    let (Some(src), Some(dst)) = (unit(ctx.src + u), unit(ctx.dst + u)) else {
+    let (Some(src), Some(dst)) = (unit(src + u, at), unit(ctx.dst + u, at)) else {
         ctx.failed = 1;
         return 1;
     };
     let mut over = 0;
-    for j in 0..S {
-        if k * S + j >= ctx.n as usize {
-            break;
-        }
-        // SAFETY: `at + j` is below BLOCK_ELEMS, the values of a unit.
+    lanes::<E, S>(|j| {
+        // SAFETY: a step's `S` elements fit a unit.
         unsafe {
-            let d = dst.add(at + j);
-            let (acc, o) = C::combine::<E>(*d as i64, *src.add(at + j) as i64);
+            let d = dst.add(j);
+            let (acc, o) = C::lane::<E>(*d as i64, *src.add(j) as i64);
             *d = acc as u64;
-            over |= u32::from(o);
+            over |= o;
         }
-    }
+    });
     ctx.over |= over;
     0
 }
 
-/// `bpf_loop` callback: block `b` of the result, from partial `src` clamped
-/// to the element type, into the result units (`dst`) and over the staged
-/// payload, in wire order; adds up the checksum adjustment.
-unsafe extern "C" fn result_block<E: Elem, const S: usize>(k: u64, ctx: *mut c_void) -> i64 {
+/// The raw wire words of element `j` of `w`, added up (for checksums).
+///
+/// # Safety
+/// Room for element `j` at `w`.
+#[inline(always)]
+unsafe fn wire_sum<E: Elem>(w: *const u32, j: usize) -> u64 {
+    if E::SIZE == 4 {
+        // SAFETY: in bounds (caller).
+        u64::from(unsafe { *w.add(j) })
+    } else {
+        // SAFETY: as above.
+        unsafe { u64::from(*w.add(2 * j)) + u64::from(*w.add(2 * j + 1)) }
+    }
+}
+
+/// [`set`], returning the sum of the wire words stored.
+///
+/// # Safety
+/// Room for element `j` at `w`.
+#[inline(always)]
+unsafe fn set_sum<E: Elem>(w: *mut u32, j: usize, v: i64) -> u64 {
+    // SAFETY: in bounds (caller).
+    unsafe {
+        set::<E>(w, j, v);
+        wire_sum::<E>(w, j)
+    }
+}
+
+/// The checksum adjustment (in the host-order terms of
+/// `xina_proto::checksum`) of replacing words that add up to `old` by words
+/// that add up to `new`, both summed as raw big-endian words: a
+/// ones'-complement sum of byte-swapped words is the byte-swapped sum, so
+/// the loops need no byte swap and one addition per word and side.
+#[inline(always)]
+fn wire_adjustment(old: u64, new: u64) -> u64 {
+    let (old, new) = (fold(old).swap_bytes(), fold(new).swap_bytes());
+    u64::from(!old) + u64::from(new)
+}
+
+/// `bpf_loop` callback: the step's result into the result units (`dst`)
+/// and over the staged payload, adding up the checksum adjustment. The
+/// result is partial `src` (if `PART`) combined with the staged elements
+/// (if `IN`), clamped to the element type.
+///
+/// Clamping costs more than everything else an element needs, and a sum
+/// seldom leaves `int32`'s range, so the loop writes the sums as they are
+/// and notes whether any left it; only then a second loop clamps the step
+/// from the partial, where the combined sums were kept.
+unsafe extern "C" fn result_block<
+    E: Elem,
+    C: Combine,
+    const S: usize,
+    const IN: bool,
+    const PART: bool,
+>(
+    k: u64,
+    ctx: *mut c_void,
+) -> i64 {
     // SAFETY: `ctx` is the `Blocks` the caller passed to `bpf_loop`.
-    let Some((ctx, k, u, at)) = (unsafe { step::<E, S>(k, ctx) }) else {
+    let Some((ctx, out, u, at)) = (unsafe { step::<E, S>(k, ctx) }) else {
         return 1;
     };
-    let (Some(part), Some(res)) = (unit(ctx.src + u), unit(ctx.dst + u)) else {
+    let Some(res) = unit(ctx.dst + u, at) else {
         ctx.failed = 1;
         return 1;
     };
-    // SAFETY: step `k` lies inside the payload (checked above), and its
-    // elements at `at..at + S` inside the unit.
-    let (out, part, res) = unsafe {
-        (
-            ctx.input.cast::<u32>().add(k * S * E::SIZE / 4),
-            part.add(at),
-            res.cast::<u32>().add(at * E::SIZE / 4),
-        )
+    let part = if PART {
+        let Some(part) = unit(ctx.src + u, at) else {
+            ctx.failed = 1;
+            return 1;
+        };
+        part
+    } else {
+        core::ptr::null_mut()
     };
-    let (mut over, mut csum) = (0, 0);
-    for j in 0..S {
-        if k * S + j >= ctx.n as usize {
-            break;
-        }
-        // SAFETY: `out`, `part` and `res` have room for S elements.
+    let res = res.cast::<u32>();
+    let (mut old, mut new, mut excess, mut over) = (0, 0, 0, 0);
+    lanes_narrow::<E, S>(|j| {
+        // SAFETY: a step's `S` elements fit the payload and the units.
         unsafe {
-            let (v, o) = E::clamp(*part.add(j) as i64);
-            over |= u32::from(o);
-            csum += put::<E>(out, j, v);
-            put::<E>(res, j, v);
+            old += wire_sum::<E>(out, j);
+            let acc = if PART && IN {
+                let p = part.add(j);
+                let (acc, o) = C::lane::<E>(*p as i64, get::<E>(out, j));
+                *p = acc as u64;
+                over |= o;
+                acc
+            } else if PART {
+                *part.add(j) as i64
+            } else {
+                get::<E>(out, j)
+            };
+            excess |= E::excess(acc);
+            new += set_sum::<E>(out, j, acc);
+            set::<E>(res, j, acc);
         }
+    });
+    // Without a partial the result is the one contribution, in range.
+    if PART && E::out_of_range(excess) {
+        // Something had to be clamped: the chunk overflowed.
+        over = 1;
+        lanes_by::<S, 1>(|j| {
+            // SAFETY: as above.
+            unsafe {
+                let (v, _) = E::clamp(*part.add(j) as i64);
+                old += wire_sum::<E>(out, j);
+                new += set_sum::<E>(out, j, v);
+                set::<E>(res, j, v);
+            }
+        });
     }
     ctx.over |= over;
-    ctx.csum += csum;
+    ctx.csum += wire_adjustment(old, new);
     0
 }
 
-/// `bpf_loop` callback: block `b` of the stored result (`src`) over the
-/// staged payload; adds up the checksum adjustment.
+/// `bpf_loop` callback: the stored result (`src`) over the staged payload,
+/// adding up the checksum adjustment.
 unsafe extern "C" fn cache_block<E: Elem, const S: usize>(k: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `ctx` is the `Blocks` the caller passed to `bpf_loop`.
-    let Some((ctx, k, u, at)) = (unsafe { step::<E, S>(k, ctx) }) else {
+    let Some((ctx, out, u, at)) = (unsafe { step::<E, S>(k, ctx) }) else {
         return 1;
     };
-    let Some(res) = unit(ctx.src + u) else {
+    let Some(res) = unit(ctx.src + u, at) else {
         ctx.failed = 1;
         return 1;
     };
-    // SAFETY: as in `result_block`.
-    let (out, res) = unsafe {
-        (
-            ctx.input.cast::<u32>().add(k * S * E::SIZE / 4),
-            res.cast::<u32>().add(at * E::SIZE / 4),
-        )
-    };
-    let mut csum = 0;
-    for j in 0..S {
-        if k * S + j >= ctx.n as usize {
-            break;
+    let res = res.cast::<u32>();
+    let (mut old, mut new) = (0, 0);
+    lanes::<E, S>(|j| {
+        // SAFETY: a step's `S` elements fit the payload and the unit.
+        unsafe {
+            old += wire_sum::<E>(out, j);
+            for w in 0..E::SIZE / 4 {
+                let word = *res.add(j * E::SIZE / 4 + w);
+                *out.add(j * E::SIZE / 4 + w) = word;
+                new += u64::from(word);
+            }
         }
-        // SAFETY: `res` and `out` have room for S elements.
-        unsafe { csum += put::<E>(out, j, get::<E>(res, j)) };
-    }
-    ctx.csum += csum;
+    });
+    ctx.csum += wire_adjustment(old, new);
     0
 }
 
@@ -415,6 +558,32 @@ fn each_step(
             0,
         )
     };
+}
+
+/// Zeroes the staged payload from element `count` to the end of its last
+/// step, so the loops can run over whole steps (see above). The stores are
+/// volatile so the compiler does not make a byte-at-a-time `memset` of them.
+#[inline(always)]
+fn clear_tail<E: Elem, const S: usize>(input: *mut WideBuf, count: u32) -> Result<u32, Error> {
+    let steps = count.div_ceil(S as u32);
+    if steps == 0 {
+        return Err(Error::BadShape);
+    }
+    // Opaque, so that the compiler keeps the bound check on the very value
+    // the verifier must see bounded (it merged two checks into one the
+    // verifier could not follow).
+    let last = slot::opaque(i64::from(steps - 1)) as usize;
+    if last >= max_steps::<E, S>() {
+        return Err(Error::BadShape);
+    }
+    if count as usize % S != 0 {
+        let first = last * step_words::<E, S>() / 2;
+        for i in 0..step_words::<E, S>() / 2 {
+            // SAFETY: the last step lies inside the buffer (checked above).
+            unsafe { input.cast::<u64>().add(first + i).write_volatile(0) };
+        }
+    }
+    Ok(steps)
 }
 
 /// The wide aggregation program for element type `E` and op `C`
@@ -443,6 +612,7 @@ pub fn aggregate<E: Elem, C: Combine, const S: usize>(
     let wide = WIDE_SCRATCH.get_ptr_mut(cpu).ok_or(Error::Internal)?;
     // SAFETY: this CPU's entry (nothing else runs on it meanwhile).
     let input = unsafe { &raw mut (*wide).input };
+    let steps = clear_tail::<E, S>(input, p.count)?;
     // The whole payload is staged before the copy is touched, so a short
     // frame cannot leave a chunk half combined. One helper call moves it,
     // across the frame's fragments.
@@ -463,24 +633,30 @@ pub fn aggregate<E: Elem, C: Combine, const S: usize>(
     let cpu_bit = 1u64 << cpu;
     // SAFETY: `copy` is a SLOTS value; `admit` calls no helper.
     let admitted = unsafe { locked(copy, |s| admit(s, &c, cpu_bit)) };
-    let mine = unit_of(p.unit_base, p.job_copy, cpu, cpus, p.blocks);
-    let result = unit_of(p.unit_base, p.job_copy, cpus, cpus, p.blocks);
-    let steps = p.count.div_ceil(S as u32);
     let mut blocks = Blocks {
         input,
-        src: mine,
-        dst: mine,
-        n: p.count,
+        src: NONE,
+        dst: unit_of(p.unit_base, p.job_copy, cpu, cpus, p.blocks),
         over: 0,
         failed: 0,
-        _pad: 0,
+        steps,
         csum: 0,
+        holders: 0,
+        cpu0: unit_of(p.unit_base, p.job_copy, 0, cpus, p.blocks),
+        stride: p.blocks,
     };
-    match admitted {
-        Admit::Init => each_step(init_block::<E, S>, &mut blocks, steps),
-        Admit::Combine => each_step(combine_block::<E, C, S>, &mut blocks, steps),
+    let (staged, holders) = match admitted {
+        Admit::Init => {
+            each_step(init_block::<E, S>, &mut blocks, steps);
+            (false, 0)
+        }
+        Admit::Combine => {
+            each_step(combine_block::<E, C, S>, &mut blocks, steps);
+            (false, 0)
+        }
+        Admit::Complete { holders } => (true, holders),
         Admit::FromCache(mut r) => {
-            blocks.src = result;
+            blocks.src = unit_of(p.unit_base, p.job_copy, cpus, cpus, p.blocks);
             each_step(cache_block::<E, S>, &mut blocks, steps);
             if blocks.failed != 0 {
                 return Err(Error::Internal.into());
@@ -494,52 +670,88 @@ pub fn aggregate<E: Elem, C: Combine, const S: usize>(
         Admit::Duplicate => return Err(Error::Duplicate.into()),
         Admit::Stale => return Err(Error::Stale.into()),
         Admit::BadShape => return Err(Error::BadShape.into()),
-    }
+    };
     if blocks.failed != 0 {
         return Err(Error::Internal.into());
     }
     tally.count(Counter::Contributions);
-    let over = blocks.over;
-    // SAFETY: as above.
-    let (done, holders) = unsafe {
-        locked(copy, |s| {
-            s.landed |= c.rank_bit;
-            if over != 0 {
-                s.flags |= u32::from(Flags::OVERFLOW);
-            }
-            if s.landed == c.all_ranks {
-                s.state = slot_state::COMPLETING;
-                (true, s.cpus)
-            } else {
-                (false, 0)
-            }
-        })
+    let holders = if staged {
+        holders
+    } else {
+        let over = blocks.over;
+        // SAFETY: as above.
+        let (done, holders) = unsafe {
+            locked(copy, |s| {
+                s.landed |= c.rank_bit;
+                if over != 0 {
+                    s.flags |= u32::from(Flags::OVERFLOW);
+                }
+                if s.landed == c.all_ranks {
+                    s.state = slot_state::COMPLETING;
+                    (true, s.cpus)
+                } else {
+                    (false, 0)
+                }
+            })
+        };
+        if !done {
+            return Ok(Verdict::new(Counter::Consumed, XDP_DROP));
+        }
+        blocks.over = 0;
+        holders
     };
-    if !done {
-        return Ok(Verdict::new(Counter::Consumed, XDP_DROP));
+    complete::<E, C, S>(ctx, &p, copy, &mut blocks, staged, holders, cpu_bit)
+}
+
+/// Completes a chunk whose ranks have all landed, in the partials of the
+/// CPUs `holders` and, if `staged`, in the staged payload (the completing
+/// contribution, which landed in no partial): merges the other CPUs'
+/// partials into this CPU's (`blocks.dst`), writes the result into the
+/// result units and over the staged payload, and hands the frame to the
+/// fan-out.
+#[inline(always)]
+fn complete<E: Elem, C: Combine, const S: usize>(
+    ctx: &XdpContext,
+    p: &Pending,
+    copy: *mut Slot,
+    blocks: &mut Blocks,
+    mut staged: bool,
+    mut holders: u64,
+    cpu_bit: u64,
+) -> Result<Verdict, Verdict> {
+    let steps = blocks.steps;
+    if staged && holders != 0 && holders & cpu_bit == 0 {
+        // Other CPUs hold partials, this one none: start one from the
+        // staged payload, to merge theirs into.
+        each_step(init_block::<E, S>, blocks, steps);
+        staged = false;
+        holders |= cpu_bit;
     }
-    // Every rank has landed: merge the other CPUs' partials into ours.
-    for other in 0..MAX_CPUS {
-        if other >= cpus {
-            break;
-        }
-        if other == cpu || holders & (1u64 << other) == 0 {
-            continue;
-        }
-        blocks.src = unit_of(p.unit_base, p.job_copy, other, cpus, p.blocks);
-        blocks.dst = mine;
-        each_step(merge_block::<E, C, S>, &mut blocks, steps);
+    blocks.holders = holders & !cpu_bit;
+    if blocks.holders != 0 {
+        let cpus = XINA_CPUS.load().min(MAX_CPUS);
+        each_step(merge_block::<E, C, S>, blocks, cpus * steps);
     }
-    // `over` keeps what merging saturated (int64 sums), for the result.
-    blocks.src = mine;
-    blocks.dst = result;
+    blocks.src = blocks.dst;
+    blocks.dst = unit_of(
+        p.unit_base,
+        p.job_copy,
+        XINA_CPUS.load(),
+        XINA_CPUS.load(),
+        p.blocks,
+    );
     blocks.csum = 0;
-    each_step(result_block::<E, S>, &mut blocks, steps);
+    match (staged, holders != 0) {
+        (true, true) => each_step(result_block::<E, C, S, true, true>, blocks, steps),
+        (true, false) => each_step(result_block::<E, C, S, true, false>, blocks, steps),
+        (false, true) => each_step(result_block::<E, C, S, false, true>, blocks, steps),
+        (false, false) => return Err(Error::Internal.into()),
+    }
     if blocks.failed != 0 {
         return Err(Error::Internal.into());
     }
     let over = blocks.over;
-    // SAFETY: as above.
+    // SAFETY: `copy` is a SLOTS value; the step calls no helper.
     let mut r = unsafe {
         locked(copy, |s| {
             if over != 0 {
@@ -555,7 +767,7 @@ pub fn aggregate<E: Elem, C: Combine, const S: usize>(
         })
     };
     r.csum = blocks.csum;
-    store(ctx, input, len)?;
+    store(ctx, blocks.input, p.count as usize * E::SIZE)?;
     switch::make_result(ctx, &r, 0)?;
     mark_for_fanout(ctx, p.job)?;
     Ok(Verdict::new(Counter::Completed, XDP_PASS))
