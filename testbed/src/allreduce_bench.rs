@@ -65,6 +65,7 @@ use crate::{
     plain,
     ring::{RingRank, ring_addrs},
     scenario::{self, AllreduceSpec, JOB_ID, WORKER_PORT},
+    shape,
     topology::{MAX_MTU, Star, StarOptions},
 };
 
@@ -89,6 +90,12 @@ pub const GOAL_MPI_BANDWIDTH_RATIO: f64 = 1.5;
 /// Issue 12: an 8-byte allreduce at 8 workers in at most a quarter of Open
 /// MPI's time.
 pub const GOAL_MPI_LATENCY_RATIO: f64 = 4.0;
+/// Issue 12, link-bound (every link shaped to one rate): at 64 MiB and 8
+/// workers, at least this times Open MPI's speed.
+pub const GOAL_LINK_MPI_RATIO: f64 = 2.5;
+/// Issue 12, link-bound: xina's time at 8 workers at most this times its
+/// time at the fewest workers measured (2).
+pub const GOAL_LINK_FLATNESS: f64 = 1.15;
 /// Goal 3: xina's goodput at 1% loss at least 80% of lossless.
 pub const GOAL_LOSS_PCT: f64 = 1.0;
 pub const GOAL_GOODPUT_RATIO: f64 = 0.8;
@@ -158,6 +165,10 @@ pub struct AllreduceBenchSpec {
     /// Implementations, in table order (Open MPI's only when `mpirun` and
     /// `mpicc` are installed).
     pub impls: Vec<Impl>,
+    /// The link-bound regime: every worker link of both stars shaped to
+    /// this many Mbit/s in both directions ([`crate::shape`]); `None`:
+    /// unshaped (CPU-bound on this machine).
+    pub rate_mbit: Option<u32>,
 }
 
 impl Default for AllreduceBenchSpec {
@@ -174,6 +185,7 @@ impl Default for AllreduceBenchSpec {
             ring_timeout: Duration::from_secs(10),
             seed: 1,
             impls: Impl::ALL.to_vec(),
+            rate_mbit: None,
         }
     }
 }
@@ -208,6 +220,22 @@ impl AllreduceBenchSpec {
             );
         }
         ensure!(!self.impls.is_empty(), "impls: none given");
+        if let Some(rate) = self.rate_mbit {
+            ensure!(
+                (1..=shape::MAX_RATE_MBIT).contains(&rate),
+                "rate: {rate} Mbit/s (must be 1..={})",
+                shape::MAX_RATE_MBIT
+            );
+            ensure!(
+                self.losses.iter().all(|&l| l == 0.0),
+                "rate: cannot be combined with loss (both take the root qdisc of the worker links)"
+            );
+            ensure!(
+                self.frames.iter().all(|&f| f > 1500),
+                "rate: needs frames above 1500 (at 1500 xina's results leave the switch by \
+                 XDP redirect, which bypasses the shaper)"
+            );
+        }
         ensure!(!self.frames.is_empty(), "frame: none given");
         for &f in &self.frames {
             ensure!(
@@ -278,6 +306,12 @@ pub struct Record {
     /// (all links, both directions); zero without loss.
     pub frames_seen: u64,
     pub frames_dropped: u64,
+    /// The links' shaped rate, Mbit/s (`None`: unshaped).
+    pub rate_mbit: Option<u32>,
+    /// With shaped links: the highest rate one link direction carried over
+    /// a measured repetition, Mbit/s (at most `rate_mbit` when the shaper
+    /// holds).
+    pub busiest_link_mbit: Option<f64>,
 }
 
 /// A goal and how the run did against it.
@@ -411,6 +445,10 @@ pub fn run(
             let star = Star::build_with(options).context("building the star topology")?;
             let plain = plain::build(options).context("building the plain star")?;
             let result = (|| {
+                if let Some(rate) = spec.rate_mbit {
+                    shape::shape(&star, rate).context("shaping the XDP star")?;
+                    shape::shape(&plain, rate).context("shaping the plain star")?;
+                }
                 let job = program
                     .as_ref()
                     .map(|p| MpiJob::start(p, &plain, MPI_ANSWER_TIMEOUT))
@@ -677,10 +715,23 @@ struct Driver<'a, 'm> {
 }
 
 /// One repetition's outcome across ranks.
+/// What one repetition runs: every rank's input, the sum it must return,
+/// allreduces back to back, bytes per rank, and the links' loss rate.
+#[derive(Clone, Copy)]
+struct Work<'a> {
+    inputs: &'a [Arc<Vec<i32>>],
+    expected: &'a Arc<Vec<i32>>,
+    iters: usize,
+    bytes: usize,
+    loss: f64,
+}
+
 struct Rep {
     /// Time per allreduce.
     time: Duration,
     retransmits: u64,
+    /// With shaped links: the busiest link direction, Mbit/s.
+    busiest_mbit: Option<f64>,
 }
 
 impl Driver<'_, '_> {
@@ -709,13 +760,20 @@ impl Driver<'_, '_> {
                 let impls = self.impls;
                 let mut reps: Vec<Vec<Rep>> = impls.iter().map(|_| Vec::new()).collect();
                 let mut frames = vec![Counts::default(); impls.len()];
+                let work = Work {
+                    inputs: &inputs,
+                    expected: &expected,
+                    iters,
+                    bytes,
+                    loss,
+                };
                 for &which in impls {
-                    self.rep(which, &inputs, &expected, iters, bytes, loss)?;
+                    self.rep(which, &work)?;
                 }
                 for _ in 0..self.spec.reps {
                     for (i, &which) in impls.iter().enumerate() {
                         let before = link_counts(&links)?;
-                        reps[i].push(self.rep(which, &inputs, &expected, iters, bytes, loss)?);
+                        reps[i].push(self.shaped_rep(which, &work)?);
                         let after = link_counts(&links)?;
                         frames[i].seen += after.seen - before.seen;
                         frames[i].dropped += after.dropped - before.dropped;
@@ -757,16 +815,33 @@ impl Driver<'_, '_> {
         Ok(())
     }
 
+    /// [`Self::rep`], and with shaped links the busiest link direction of
+    /// the star `which` runs on over it.
+    fn shaped_rep(&self, which: Impl, work: &Work<'_>) -> anyhow::Result<Rep> {
+        if self.spec.rate_mbit.is_none() {
+            return self.rep(which, work);
+        }
+        let star = match which {
+            Impl::Xina => self.stars.xdp,
+            Impl::Ring | Impl::Mpi => self.stars.plain,
+        };
+        let before = shape::link_bytes(star)?;
+        let mut rep = self.rep(which, work)?;
+        let after = shape::link_bytes(star)?;
+        let seconds = rep.time.as_secs_f64() * work.iters as f64;
+        rep.busiest_mbit = Some(shape::busiest_mbit(&before, &after, seconds));
+        Ok(rep)
+    }
+
     /// One repetition of `which` on every rank.
-    fn rep(
-        &self,
-        which: Impl,
-        inputs: &[Arc<Vec<i32>>],
-        expected: &Arc<Vec<i32>>,
-        iters: usize,
-        bytes: usize,
-        loss: f64,
-    ) -> anyhow::Result<Rep> {
+    fn rep(&self, which: Impl, work: &Work<'_>) -> anyhow::Result<Rep> {
+        let Work {
+            inputs,
+            expected,
+            iters,
+            bytes,
+            loss,
+        } = *work;
         if which == Impl::Mpi {
             let mut job = self
                 .mpi
@@ -783,6 +858,7 @@ impl Driver<'_, '_> {
             return Ok(Rep {
                 time: answer.samples.first().copied().context("no sample")?,
                 retransmits: answer.retransmits,
+                busiest_mbit: None,
             });
         }
         for (tx, input) in self.commands.iter().zip(inputs) {
@@ -826,6 +902,7 @@ impl Driver<'_, '_> {
         Ok(Rep {
             time: end.duration_since(start) / u32::try_from(iters).unwrap_or(u32::MAX),
             retransmits: results.iter().map(|r| r.retransmits).sum(),
+            busiest_mbit: None,
         })
     }
 
@@ -864,6 +941,8 @@ impl Driver<'_, '_> {
             times_us,
             frames_seen: frames.seen,
             frames_dropped: frames.dropped,
+            rate_mbit: self.spec.rate_mbit,
+            busiest_link_mbit: reps.iter().filter_map(|r| r.busiest_mbit).reduce(f64::max),
         }
     }
 }
@@ -1003,6 +1082,28 @@ pub fn table(records: &[Record], frame: u32, workers: usize, loss: f64) -> Strin
         }
         let _ = writeln!(out);
     }
+    if let Some(rate) = here.iter().find_map(|r| r.rate_mbit) {
+        let busiest: Vec<String> = impls
+            .iter()
+            .map(|&i| {
+                let most = here
+                    .iter()
+                    .filter(|r| r.implementation == i)
+                    .filter_map(|r| r.busiest_link_mbit)
+                    .reduce(f64::max);
+                most.map_or_else(
+                    || format!("{} not measured", i.name()),
+                    |m| format!("{} {m:.0}", i.name()),
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "links shaped to {rate} Mbit/s each way (tbf); busiest link direction over a \
+             repetition, Mbit/s: {}",
+            busiest.join(", ")
+        );
+    }
     out
 }
 
@@ -1122,6 +1223,10 @@ pub fn judge_goals(records: &[Record]) -> Vec<Goal> {
         GOAL_GOODPUT_RATIO,
         detail,
     ));
+    if records.iter().any(|r| r.rate_mbit.is_some()) {
+        goals.extend(link_bound_goals(records, frame));
+        return goals;
+    }
     // Issue 12's CPU-bound goals, against Open MPI on the plain star.
     for (bytes, threshold, what) in [
         (
@@ -1154,6 +1259,59 @@ pub fn judge_goals(records: &[Record]) -> Vec<Goal> {
         goals.push(judge(what, r, threshold, detail));
     }
     goals
+}
+
+/// Issue 12's link-bound goals (links shaped), at link MTU `frame`.
+fn link_bound_goals(records: &[Record], frame: u32) -> Vec<Goal> {
+    let goal_at = (frame, GOAL_WORKERS);
+    let bytes = GOAL_BANDWIDTH_BYTES;
+    let size = format_size(bytes);
+    let vs_mpi = ratio_to(records, Impl::Mpi, goal_at, bytes, 0.0);
+    let mpi_detail = match vs_mpi {
+        Some(_) => format!(
+            "shaped links, {GOAL_WORKERS} workers, MTU {frame}, {size}: Open MPI's time / xina's"
+        ),
+        None => format!("not measured (needs Open MPI, {GOAL_WORKERS} workers and {size})"),
+    };
+    let few = records
+        .iter()
+        .filter(|r| r.implementation == Impl::Xina && r.bytes == bytes && r.frame_bytes == frame)
+        .min_by_key(|r| r.workers);
+    let many = find(records, Impl::Xina, goal_at, bytes, 0.0);
+    let (flat, flat_detail) = match (few, many) {
+        (Some(f), Some(m)) if f.workers < m.workers => (
+            Some(f.time_us / m.time_us),
+            format!(
+                "xina, {size}: {:.0} us at {} workers, {:.0} us at {GOAL_WORKERS} (time at {} / time at {GOAL_WORKERS})",
+                f.time_us, f.workers, m.time_us, f.workers
+            ),
+        ),
+        _ => (
+            None,
+            format!("not measured (needs xina at {size} with {GOAL_WORKERS} workers and fewer)"),
+        ),
+    };
+    vec![
+        Goal {
+            statement: format!(
+                "link-bound: at {size} and {GOAL_WORKERS} workers, xina's algbw >= {GOAL_LINK_MPI_RATIO}x Open MPI's"
+            ),
+            met: vs_mpi.map(|r| r >= GOAL_LINK_MPI_RATIO),
+            ratio: vs_mpi,
+            threshold: GOAL_LINK_MPI_RATIO,
+            detail: mpi_detail,
+        },
+        Goal {
+            statement: format!(
+                "link-bound: xina's time at {size} flat from the fewest workers to {GOAL_WORKERS}, within {:.0}%",
+                (GOAL_LINK_FLATNESS - 1.0) * 100.0
+            ),
+            met: flat.map(|r| r >= 1.0 / GOAL_LINK_FLATNESS),
+            ratio: flat,
+            threshold: 1.0 / GOAL_LINK_FLATNESS,
+            detail: flat_detail,
+        },
+    ]
 }
 
 #[cfg(test)]
@@ -1191,6 +1349,28 @@ mod tests {
         assert!(bad(|s| s.sizes = vec![6]).starts_with("sizes: 6"));
         assert!(bad(|s| s.reps = 0).starts_with("reps"));
         assert!(bad(|s| s.losses = vec![100.0]).starts_with("loss: 100"));
+        assert!(bad(|s| s.rate_mbit = Some(0)).starts_with("rate: 0"));
+        fn shaped(s: &mut AllreduceBenchSpec) {
+            s.rate_mbit = Some(500);
+            s.frames = vec![65_000];
+        }
+        assert!(
+            bad(|s| {
+                shaped(s);
+                s.losses = vec![0.0, 1.0];
+            })
+            .contains("cannot be combined with loss")
+        );
+        assert!(
+            bad(|s| {
+                shaped(s);
+                s.frames = vec![1500, 65_000];
+            })
+            .contains("needs frames above 1500")
+        );
+        let mut s = AllreduceBenchSpec::default();
+        shaped(&mut s);
+        s.validate().unwrap();
         AllreduceBenchSpec::default().validate().unwrap();
     }
 

@@ -32,4 +32,5 @@ pub mod netns;
 pub mod plain;
 pub mod ring;
 pub mod scenario;
+pub mod shape;
 pub mod topology;

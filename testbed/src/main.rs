@@ -296,6 +296,11 @@ struct BenchAllreduceArgs {
     #[arg(long, value_enum, value_delimiter = ',',
           default_values_t = allreduce_bench::Impl::ALL)]
     impls: Vec<allreduce_bench::Impl>,
+    /// The link-bound regime: shape every worker link of both stars to this
+    /// many Mbit/s, both directions (tbf), e.g. `500`; needs frames above
+    /// 1500 and no loss. Unshaped by default (CPU-bound on this machine).
+    #[arg(long)]
+    rate: Option<u32>,
     /// Also write the spec, goals and one record per measurement as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -311,6 +316,7 @@ fn bench_allreduce(args: &BenchAllreduceArgs) -> anyhow::Result<bool> {
         elems_per_packet: args.elems_per_packet,
         slots: args.slots,
         impls: args.impls.clone(),
+        rate_mbit: args.rate,
         ..Default::default()
     };
     spec.validate()?;
@@ -320,6 +326,14 @@ fn bench_allreduce(args: &BenchAllreduceArgs) -> anyhow::Result<bool> {
          Open MPI on a plain star, {} CPUs, Linux {}",
         machine.cpus, machine.kernel
     );
+    match spec.rate_mbit {
+        Some(rate) => println!(
+            "link-bound regime: every worker link of both stars shaped to {rate} Mbit/s each way (tbf)"
+        ),
+        None => {
+            println!("CPU-bound regime: links unshaped, every namespace on this machine's CPUs");
+        }
+    }
     println!(
         "median of {} repetitions after a warm-up, interleaved; every result checked exactly; \
          xina {}\n",
