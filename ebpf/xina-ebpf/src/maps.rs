@@ -113,7 +113,8 @@ pub struct Scratch {
 pub static SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
 
 /// The wide path's memory: each wide job's partials (one per CPU and slot
-/// copy) and results, in units of one block (see `xina_proto::frame`).
+/// copy; a complete chunk's result stays in its completer's), in units of
+/// one block (see `xina_proto::frame`).
 /// Userspace sizes it at load time.
 #[btf_map]
 pub static UNITS: Array<Unit, { DEFAULT_UNITS as usize }> = Array::new();

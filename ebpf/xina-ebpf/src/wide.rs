@@ -14,8 +14,9 @@
 //!   writes the result and marks the copy `COMPLETE`; the last one admitted
 //!   does so straight away, from its staged payload, when every other rank
 //!   has landed already.
-//! - **Blocks.** Partials and results live in the job's units of `UNITS`
-//!   (one block of 128 elements each), so a job's memory follows its frame
+//! - **Blocks.** Partials live in the job's units of `UNITS` (one block of
+//!   128 elements each; the completer's partial holds the result once the
+//!   chunk is complete), so a job's memory follows its frame
 //!   size; the element loops are `bpf_loop` callbacks over steps of `S`
 //!   elements (a divisor of the block), verified once whatever the chunk's
 //!   size. `S` is per program (int64's saturating add needs more
@@ -36,8 +37,12 @@
 //! complete: the next chunk of the same copy, `s + 2W`, is sent only by a rank
 //! that has the result of `s + W`, hence after `s` is complete (the narrow
 //! path's argument). Repeats of an admitted rank are duplicates until the
-//! copy is `COMPLETE`, then answered from the result units, which do not
-//! change again until the copy is reused.
+//! copy is `COMPLETE`, then answered from the completer's partial (`cpus`
+//! then names that one CPU), which does not change until the copy is reused:
+//! the first contribution to `s + 2W` on that CPU initialises it. By then
+//! no repeat of `s` is left to answer: a rank repeats `s` only until it has
+//! the result, and its repeats travel its port's queue ahead of its
+//! contribution to `s + W`, without which `s + 2W` is never sent.
 
 use core::ffi::c_void;
 
@@ -81,8 +86,9 @@ enum Admit {
     Complete {
         holders: u64,
     },
-    /// A repeat of a finished chunk: answered from the result.
-    FromCache(slot::Result),
+    /// A repeat of a finished chunk: answered from the result, in the
+    /// partial of the CPU `s.cpus` names.
+    FromCache(slot::Result, u64),
     Duplicate,
     Stale,
     BadShape,
@@ -117,12 +123,15 @@ fn admit(s: &mut Slot, c: &Contribution, cpu_bit: u64) -> Admit {
     }
     if s.bitmap & c.rank_bit != 0 {
         if s.state == slot_state::COMPLETE {
-            return Admit::FromCache(slot::Result {
-                flags: s.flags as u8,
-                bitmap: s.bitmap,
-                root: s.root,
-                csum: 0,
-            });
+            return Admit::FromCache(
+                slot::Result {
+                    flags: s.flags as u8,
+                    bitmap: s.bitmap,
+                    root: s.root,
+                    csum: 0,
+                },
+                s.cpus,
+            );
         }
         return Admit::Duplicate;
     }
@@ -436,15 +445,40 @@ fn wire_adjustment(old: u64, new: u64) -> u64 {
     u64::from(!old) + u64::from(new)
 }
 
-/// `bpf_loop` callback: the step's result into the result units (`dst`)
-/// and over the staged payload, adding up the checksum adjustment. The
-/// result is partial `src` (if `PART`) combined with the staged elements
-/// (if `IN`), clamped to the element type.
+/// Writes the sums of partial `part` over the staged payload `out`, clamped
+/// to the element type, for a step whose sums are known to leave its range
+/// (rare: the loops write sums as they are and call this only then);
+/// adds the replaced and the new wire words to `old` and `new`.
+///
+/// # Safety
+/// `part` and `out` have room for the step's `S` elements.
+#[inline(always)]
+unsafe fn clamp_step<E: Elem, const S: usize>(
+    part: *const u64,
+    out: *mut u32,
+    old: &mut u64,
+    new: &mut u64,
+) {
+    lanes_by::<S, 1>(|j| {
+        // SAFETY: as the caller promises.
+        unsafe {
+            let (v, _) = E::clamp(*part.add(j) as i64);
+            *old += wire_sum::<E>(out, j);
+            *new += set_sum::<E>(out, j, v);
+        }
+    });
+}
+
+/// `bpf_loop` callback: the step's result over the staged payload, adding
+/// up the checksum adjustment. The result is this CPU's partial `dst` (if
+/// `PART`) combined with the staged elements (if `IN`), clamped to the
+/// element type; the sums stay in the partial, where a retransmission is
+/// answered from ([`cache_block`]).
 ///
 /// Clamping costs more than everything else an element needs, and a sum
 /// seldom leaves `int32`'s range, so the loop writes the sums as they are
-/// and notes whether any left it; only then a second loop clamps the step
-/// from the partial, where the combined sums were kept.
+/// and notes whether any left it; only then [`clamp_step`] rewrites the
+/// step from the partial.
 unsafe extern "C" fn result_block<
     E: Elem,
     C: Combine,
@@ -459,84 +493,69 @@ unsafe extern "C" fn result_block<
     let Some((ctx, out, u, at)) = (unsafe { step::<E, S>(k, ctx) }) else {
         return 1;
     };
-    let Some(res) = unit(ctx.dst + u, at) else {
+    let Some(part) = unit(ctx.dst + u, at) else {
         ctx.failed = 1;
         return 1;
     };
-    let part = if PART {
-        let Some(part) = unit(ctx.src + u, at) else {
-            ctx.failed = 1;
-            return 1;
-        };
-        part
-    } else {
-        core::ptr::null_mut()
-    };
-    let res = res.cast::<u32>();
     let (mut old, mut new, mut excess, mut over) = (0, 0, 0, 0);
     lanes_narrow::<E, S>(|j| {
-        // SAFETY: a step's `S` elements fit the payload and the units.
+        // SAFETY: a step's `S` elements fit the payload and the unit.
         unsafe {
             old += wire_sum::<E>(out, j);
+            let p = part.add(j);
             let acc = if PART && IN {
-                let p = part.add(j);
                 let (acc, o) = C::lane::<E>(*p as i64, get::<E>(out, j));
                 *p = acc as u64;
                 over |= o;
                 acc
             } else if PART {
-                *part.add(j) as i64
+                *p as i64
             } else {
-                get::<E>(out, j)
+                let acc = get::<E>(out, j);
+                *p = acc as u64;
+                acc
             };
             excess |= E::excess(acc);
             new += set_sum::<E>(out, j, acc);
-            set::<E>(res, j, acc);
         }
     });
-    // Without a partial the result is the one contribution, in range.
-    if PART && E::out_of_range(excess) {
+    if E::out_of_range(excess) {
         // Something had to be clamped: the chunk overflowed.
         over = 1;
-        lanes_by::<S, 1>(|j| {
-            // SAFETY: as above.
-            unsafe {
-                let (v, _) = E::clamp(*part.add(j) as i64);
-                old += wire_sum::<E>(out, j);
-                new += set_sum::<E>(out, j, v);
-                set::<E>(res, j, v);
-            }
-        });
+        // SAFETY: as above.
+        unsafe { clamp_step::<E, S>(part, out, &mut old, &mut new) };
     }
     ctx.over |= over;
     ctx.csum += wire_adjustment(old, new);
     0
 }
 
-/// `bpf_loop` callback: the stored result (`src`) over the staged payload,
-/// adding up the checksum adjustment.
+/// `bpf_loop` callback: the stored result (partial `src`, the completer's)
+/// over the staged payload, clamped as [`result_block`] wrote it, adding up
+/// the checksum adjustment.
 unsafe extern "C" fn cache_block<E: Elem, const S: usize>(k: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `ctx` is the `Blocks` the caller passed to `bpf_loop`.
     let Some((ctx, out, u, at)) = (unsafe { step::<E, S>(k, ctx) }) else {
         return 1;
     };
-    let Some(res) = unit(ctx.src + u, at) else {
+    let Some(part) = unit(ctx.src + u, at) else {
         ctx.failed = 1;
         return 1;
     };
-    let res = res.cast::<u32>();
-    let (mut old, mut new) = (0, 0);
-    lanes::<E, S>(|j| {
+    let (mut old, mut new, mut excess) = (0, 0, 0);
+    lanes_narrow::<E, S>(|j| {
         // SAFETY: a step's `S` elements fit the payload and the unit.
         unsafe {
             old += wire_sum::<E>(out, j);
-            for w in 0..E::SIZE / 4 {
-                let word = *res.add(j * E::SIZE / 4 + w);
-                *out.add(j * E::SIZE / 4 + w) = word;
-                new += u64::from(word);
-            }
+            let acc = *part.add(j) as i64;
+            excess |= E::excess(acc);
+            new += set_sum::<E>(out, j, acc);
         }
     });
+    if E::out_of_range(excess) {
+        // SAFETY: as above.
+        unsafe { clamp_step::<E, S>(part, out, &mut old, &mut new) };
+    }
     ctx.csum += wire_adjustment(old, new);
     0
 }
@@ -655,8 +674,14 @@ pub fn aggregate<E: Elem, C: Combine, const S: usize>(
             (false, 0)
         }
         Admit::Complete { holders } => (true, holders),
-        Admit::FromCache(mut r) => {
-            blocks.src = unit_of(p.unit_base, p.job_copy, cpus, cpus, p.blocks);
+        Admit::FromCache(mut r, holder) => {
+            // The one CPU whose partial holds the result: the index of the
+            // single bit `holder`.
+            let at = holder.wrapping_sub(1).count_ones();
+            if holder == 0 || at >= cpus {
+                return Err(Error::Internal.into());
+            }
+            blocks.src = unit_of(p.unit_base, p.job_copy, at, cpus, p.blocks);
             each_step(cache_block::<E, S>, &mut blocks, steps);
             if blocks.failed != 0 {
                 return Err(Error::Internal.into());
@@ -706,8 +731,8 @@ pub fn aggregate<E: Elem, C: Combine, const S: usize>(
 /// Completes a chunk whose ranks have all landed, in the partials of the
 /// CPUs `holders` and, if `staged`, in the staged payload (the completing
 /// contribution, which landed in no partial): merges the other CPUs'
-/// partials into this CPU's (`blocks.dst`), writes the result into the
-/// result units and over the staged payload, and hands the frame to the
+/// partials into this CPU's (`blocks.dst`), which then holds the result,
+/// writes the result over the staged payload, and hands the frame to the
 /// fan-out.
 #[inline(always)]
 fn complete<E: Elem, C: Combine, const S: usize>(
@@ -732,14 +757,6 @@ fn complete<E: Elem, C: Combine, const S: usize>(
         let cpus = XINA_CPUS.load().min(MAX_CPUS);
         each_step(merge_block::<E, C, S>, blocks, cpus * steps);
     }
-    blocks.src = blocks.dst;
-    blocks.dst = unit_of(
-        p.unit_base,
-        p.job_copy,
-        XINA_CPUS.load(),
-        XINA_CPUS.load(),
-        p.blocks,
-    );
     blocks.csum = 0;
     match (staged, holders != 0) {
         (true, true) => each_step(result_block::<E, C, S, true, true>, blocks, steps),
@@ -758,6 +775,8 @@ fn complete<E: Elem, C: Combine, const S: usize>(
                 s.flags |= u32::from(Flags::OVERFLOW);
             }
             s.state = slot_state::COMPLETE;
+            // From now on this CPU's partial is the result.
+            s.cpus = cpu_bit;
             slot::Result {
                 flags: s.flags as u8,
                 bitmap: s.bitmap,

@@ -83,16 +83,17 @@ pub const fn blocks(elems: usize) -> usize {
 
 /// Wide-path memory units a job needs: for each of its `2 × slots` slot
 /// copies, one partial of `blocks(elems)` units per CPU that runs the
-/// dataplane and one for the result.
+/// dataplane. Once a chunk is complete, the partial of the CPU that
+/// completed it holds its result (the sums, clamped when read out).
 pub const fn wide_units(elems: usize, slots: u32, cpus: u32) -> u64 {
-    2 * slots as u64 * (cpus as u64 + 1) * blocks(elems) as u64
+    2 * slots as u64 * cpus as u64 * blocks(elems) as u64
 }
 
-/// The first unit of `cpu`'s partial (or, at `cpu = cpus`, the result) of
-/// slot copy `copy` (0..2 × slots, `2 × slot + version`) of a job whose units
-/// start at `base` and whose chunks span `blocks` blocks.
+/// The first unit of `cpu`'s partial of slot copy `copy` (0..2 × slots,
+/// `2 × slot + version`) of a job whose units start at `base` and whose
+/// chunks span `blocks` blocks, on a dataplane of `cpus` CPUs.
 pub const fn unit_of(base: u32, copy: u32, cpu: u32, cpus: u32, blocks: u32) -> u32 {
-    base + (copy * (cpus + 1) + cpu) * blocks
+    base + (copy * cpus + cpu) * blocks
 }
 
 const _: () = {
@@ -127,10 +128,15 @@ mod tests {
         assert_eq!(blocks(128), 1);
         assert_eq!(blocks(129), 2);
         assert_eq!(blocks(16_128), MAX_BLOCKS);
-        // 8 slots of 64 KB frames on 2 CPUs: 16 copies × 3 partials × 126.
-        assert_eq!(wide_units(16_128, 8, 2), 6_048);
+        // 8 slots of 64 KB frames on 2 CPUs: 16 copies × 2 partials × 126.
+        assert_eq!(wide_units(16_128, 8, 2), 4_032);
         assert_eq!(unit_of(100, 0, 0, 2, 4), 100);
-        assert_eq!(unit_of(100, 0, 2, 2, 4), 108);
-        assert_eq!(unit_of(100, 1, 0, 2, 4), 112);
+        assert_eq!(unit_of(100, 0, 1, 2, 4), 104);
+        assert_eq!(unit_of(100, 1, 0, 2, 4), 108);
+        // The last partial of the last copy ends where the job's units do.
+        assert_eq!(
+            u64::from(unit_of(0, 15, 1, 2, 126)) + 126,
+            wide_units(16_128, 8, 2)
+        );
     }
 }

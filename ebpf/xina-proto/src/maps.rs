@@ -312,7 +312,8 @@ pub struct Slot {
     /// partial (`bitmap` holds those admitted; the chunk completes when
     /// this one is full).
     pub landed: u64,
-    /// Wide path: CPUs whose partial holds part of this chunk.
+    /// Wide path: CPUs whose partial holds part of this chunk; once it is
+    /// complete, only the CPU whose partial holds the result.
     pub cpus: u64,
     /// Running combination, host byte order (narrow path only).
     pub values: [i64; MAX_ELEMS],

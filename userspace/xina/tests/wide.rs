@@ -327,12 +327,26 @@ fn saturation_and_clamping_set_overflow() {
             true,
             "completing",
         );
-        let (want, over) = combine(Op::Sum, dtype, &[a, b]);
+        let (want, over) = combine(Op::Sum, dtype, &[a.clone(), b]);
         assert!(over);
         assert_frame(
             &out.frame,
             &result(&job, 1, 0, &want, Flags::OVERFLOW, false),
             &format!("{dtype:?}: clamped"),
+        );
+        // A repeat is answered from the stored sums, clamped the same way,
+        // from the other CPU too.
+        let f = contribution(&job, 0, 0, &a);
+        let out = on_cpu(0, || ingress(&mut dp, &job, &f)).expect(
+            XDP_REDIRECT,
+            &[Counter::ReplyFromCache],
+            true,
+            "a repeat",
+        );
+        assert_frame(
+            &out.frame,
+            &result(&job, 0, 0, &want, Flags::OVERFLOW | Flags::FROM_CACHE, true),
+            &format!("{dtype:?}: clamped from the cache"),
         );
         dp.remove_job(job.id).unwrap();
     }
@@ -455,7 +469,9 @@ fn wide_jobs_are_allreduce_only_and_fit_the_pool() {
 
     // More units than the pool has: refused, naming the pool.
     let (units, cpus) = dp.unit_pool();
-    let job = wide_job(45, 2, Op::Sum, DType::I32, 16_128, 60);
+    // One slot more than the pool holds at 126 units per partial.
+    let slots = units / (2 * cpus * 126) + 1;
+    let job = wide_job(45, 2, Op::Sum, DType::I32, 16_128, slots);
     assert!(dp.units_needed(&job) > u64::from(units));
     let e = dp.install_job(&job).unwrap_err().to_string();
     assert!(e.contains("units of wide-path memory"), "{e}");
