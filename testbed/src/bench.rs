@@ -240,12 +240,22 @@ pub struct SwitchBenchSpec {
     pub rounds: usize,
     /// Distinct frames per path and round.
     pub stream: u32,
-    /// Slots of the benchmark job (the window of a running job).
-    pub slots: u32,
+    /// Slots of the benchmark job (the window of a running job); `None`:
+    /// what `bench allreduce` gives a job of each case's size (about 1 MiB
+    /// of chunks, 4 to 64 slots: [`crate::allreduce_bench::window_for`]).
+    pub slots: Option<u32>,
     /// `repeat` of the single-frame runs (duplicate, unknown job, baseline).
     pub repeat: u32,
     /// Seed of the payloads.
     pub seed: u64,
+}
+
+impl SwitchBenchSpec {
+    /// The job's slots at `elems` elements per packet.
+    pub fn slots_at(&self, elems: u16) -> u32 {
+        self.slots
+            .unwrap_or_else(|| crate::allreduce_bench::window_for(usize::from(elems)))
+    }
 }
 
 fn variant_names<S: serde::Serializer>(v: &[Variant], s: S) -> Result<S::Ok, S::Error> {
@@ -263,7 +273,7 @@ impl Default for SwitchBenchSpec {
             variants: vec![Variant::I32Sum, Variant::I32Max, Variant::I64Sum],
             rounds: 5,
             stream: 2048,
-            slots: 64,
+            slots: None,
             repeat: 10_000,
             seed: 1,
         }
@@ -596,7 +606,7 @@ fn stream_round(
         sum.1 += d;
         Ok(())
     };
-    let batch = 2 * spec.slots;
+    let batch = 2 * job.slot_count;
     for start in (0..spec.stream).step_by(batch as usize) {
         let end = (start + batch).min(spec.stream);
         for path in Path::BATCH_ORDER {
@@ -689,20 +699,24 @@ pub fn run_switch_bench(
 ) -> anyhow::Result<(Vec<PathRecord>, Vec<RepeatRecord>, Option<f64>)> {
     ensure!(spec.rounds > 0, "rounds must be at least 1");
     ensure!(spec.stream > 0, "the stream needs at least one frame");
-    ensure!(spec.slots > 0, "the job needs at least one slot");
+    ensure!(spec.slots != Some(0), "the job needs at least one slot");
     ensure!(spec.repeat > 0, "repeat must be at least 1");
-    // Room for the widest case's partials on every possible CPU.
+    // Room for the widest case's partials on every possible CPU, and for
+    // the case with the most slots.
     let mut units = u64::from(xina_proto::maps::DEFAULT_UNITS);
+    let mut slot_pool = 1;
     let by_frame = spec
         .frames
         .iter()
         .map(|&mtu| xina_proto::frame::elems_for_mtu(DType::I32, mtu));
     for elems in by_frame.chain(spec.elems.iter().map(|&e| usize::from(e))) {
         let elems = u16::try_from(elems).unwrap_or(u16::MAX);
-        units = units.max(xina::dataplane::wide_units_here(elems, spec.slots)?);
+        let slots = spec.slots_at(elems);
+        units = units.max(xina::dataplane::wide_units_here(elems, slots)?);
+        slot_pool = slot_pool.max(slots);
     }
     let mut dp = Dataplane::load(LoadOptions {
-        slot_pool: spec.slots,
+        slot_pool,
         units: u32::try_from(units).context("units")?,
         debug: false,
     })
@@ -726,24 +740,26 @@ pub fn run_switch_bench(
                 ));
                 continue;
             }
+            let slots = spec.slots_at(elems);
             progress(&format!(
-                "measuring {} {} at {elems} elements per packet: {} rounds x {} paths x {} frames",
+                "measuring {} {} at {elems} elements per packet, {slots} slots: {} rounds x {} paths x {} frames",
                 variant.dtype_name(),
                 variant.op_name(),
                 spec.rounds,
                 Path::ALL.len(),
                 spec.stream
             ));
-            let job = job_spec(variant, elems, spec.slots);
+            let job = job_spec(variant, elems, slots);
             // At most about 256 MiB of frames (3 ranks and the unknown job's).
             let frame_bytes = xina_proto::frame::ip_len(variant.dtype(), usize::from(elems));
             let most = u32::try_from((64 << 20) / frame_bytes).unwrap_or(u32::MAX);
             let case = SwitchBenchSpec {
-                stream: spec.stream.min(most.max(2 * spec.slots)),
+                stream: spec.stream.min(most.max(2 * slots)),
+                slots: Some(slots),
                 ..spec.clone()
             };
             let spec = &case;
-            let frames = Frames::new(variant, elems, spec.stream, spec.slots, spec.seed);
+            let frames = Frames::new(variant, elems, spec.stream, slots, spec.seed);
             let mut rounds = CaseRounds::default();
             for round in 0..spec.rounds {
                 stream_round(&mut dp, spec, &job, &frames, round, &mut rounds)

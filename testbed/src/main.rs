@@ -408,9 +408,10 @@ struct BenchSwitchArgs {
     /// Distinct frames per path and round.
     #[arg(long, default_value_t = 2048)]
     stream: u32,
-    /// Slots of the benchmark job.
-    #[arg(long, default_value_t = 64)]
-    slots: u32,
+    /// Slots of the benchmark job (default: what `bench allreduce` gives a
+    /// job of each case's size, about 1 MiB of chunks, 4 to 64).
+    #[arg(long)]
+    slots: Option<u32>,
     /// `repeat` of the single-frame runs (duplicate, unknown job, harness).
     #[arg(long, default_value_t = 10_000)]
     repeat: u32,
@@ -449,9 +450,15 @@ fn bench_switch(args: &BenchSwitchArgs) -> anyhow::Result<bool> {
     );
     println!(
         "method: per path, {} distinct frames each run once (repeat=1), kernel-timed, \
-         interleaved with xina_drop (XDP_DROP) over the same frames; job of fan-in 3, {} slots; \
+         interleaved with xina_drop (XDP_DROP) over the same frames; job of fan-in 3, {}; \
          medians over {} rounds\n",
-        spec.stream, spec.slots, spec.rounds
+        spec.stream,
+        spec.slots.map_or_else(
+            || "slots as bench allreduce gives each size (about 1 MiB of chunks, 4 to 64)"
+                .to_owned(),
+            |s| format!("{s} slots")
+        ),
+        spec.rounds
     );
     let (testrun, testrun_repeat, harness_ns) =
         bench::run_switch_bench(&spec, |line| eprintln!("  {line}"))?;
