@@ -1261,6 +1261,13 @@ pub fn judge_goals(records: &[Record]) -> Vec<Goal> {
     goals
 }
 
+/// How flat two times are: the shorter over the longer (1 is flat), so
+/// that a time that falls with more workers is no flatter than one that
+/// grows as much.
+pub fn flatness(a: f64, b: f64) -> f64 {
+    a.min(b) / a.max(b)
+}
+
 /// Issue 12's link-bound goals (links shaped), at link MTU `frame`.
 fn link_bound_goals(records: &[Record], frame: u32) -> Vec<Goal> {
     let goal_at = (frame, GOAL_WORKERS);
@@ -1280,10 +1287,10 @@ fn link_bound_goals(records: &[Record], frame: u32) -> Vec<Goal> {
     let many = find(records, Impl::Xina, goal_at, bytes, 0.0);
     let (flat, flat_detail) = match (few, many) {
         (Some(f), Some(m)) if f.workers < m.workers => (
-            Some(f.time_us / m.time_us),
+            Some(flatness(f.time_us, m.time_us)),
             format!(
-                "xina, {size}: {:.0} us at {} workers, {:.0} us at {GOAL_WORKERS} (time at {} / time at {GOAL_WORKERS})",
-                f.time_us, f.workers, m.time_us, f.workers
+                "xina, {size}: {:.0} us at {} workers, {:.0} us at {GOAL_WORKERS} (shorter time / longer)",
+                f.time_us, f.workers, m.time_us
             ),
         ),
         _ => (
@@ -1372,6 +1379,15 @@ mod tests {
         shaped(&mut s);
         s.validate().unwrap();
         AllreduceBenchSpec::default().validate().unwrap();
+    }
+
+    #[test]
+    fn flatness_is_two_sided() {
+        assert!((flatness(1.0, 1.0) - 1.0).abs() < 1e-12);
+        assert!((flatness(1.0, 1.15) - flatness(1.15, 1.0)).abs() < 1e-12);
+        // 3.2 s at 2 workers and 1.7 s at 8 is not flat.
+        assert!(flatness(3.2, 1.7) < 1.0 / GOAL_LINK_FLATNESS);
+        assert!(flatness(1.08, 1.12) >= 1.0 / GOAL_LINK_FLATNESS);
     }
 
     #[test]
