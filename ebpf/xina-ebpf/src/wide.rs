@@ -171,9 +171,8 @@ unsafe fn locked<R>(slot: *mut Slot, step: impl FnOnce(&mut Slot) -> R) -> R {
 struct Blocks {
     /// This CPU's staged payload.
     input: *mut WideBuf,
-    /// First unit read.
-    src: u32,
-    /// First unit written.
+    /// First unit of the partial the loop works on (this CPU's; for a
+    /// reply from the cache, the completer's, only read).
     dst: u32,
     /// Non-zero once a value saturated or had to be clamped.
     over: u64,
@@ -189,9 +188,6 @@ struct Blocks {
     cpu0: u32,
     stride: u32,
 }
-
-/// No partial (a unit index no job has).
-const NONE: u32 = u32::MAX;
 
 /// Most steps of `S` elements of `E` in a staged payload.
 const fn max_steps<E: Elem, const S: usize>() -> usize {
@@ -472,8 +468,9 @@ unsafe fn clamp_step<E: Elem, const S: usize>(
 /// `bpf_loop` callback: the step's result over the staged payload, adding
 /// up the checksum adjustment. The result is this CPU's partial `dst` (if
 /// `PART`) combined with the staged elements (if `IN`), clamped to the
-/// element type; the sums stay in the partial, where a retransmission is
-/// answered from ([`cache_block`]).
+/// element type; the sums stay in the partial, and a retransmission is
+/// answered by this loop again over the completer's partial (`PART`
+/// without `IN`, which only reads it).
 ///
 /// Clamping costs more than everything else an element needs, and a sum
 /// seldom leaves `int32`'s range, so the loop writes the sums as they are
@@ -526,36 +523,6 @@ unsafe extern "C" fn result_block<
         unsafe { clamp_step::<E, S>(part, out, &mut old, &mut new) };
     }
     ctx.over |= over;
-    ctx.csum += wire_adjustment(old, new);
-    0
-}
-
-/// `bpf_loop` callback: the stored result (partial `src`, the completer's)
-/// over the staged payload, clamped as [`result_block`] wrote it, adding up
-/// the checksum adjustment.
-unsafe extern "C" fn cache_block<E: Elem, const S: usize>(k: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: `ctx` is the `Blocks` the caller passed to `bpf_loop`.
-    let Some((ctx, out, u, at)) = (unsafe { step::<E, S>(k, ctx) }) else {
-        return 1;
-    };
-    let Some(part) = unit(ctx.src + u, at) else {
-        ctx.failed = 1;
-        return 1;
-    };
-    let (mut old, mut new, mut excess) = (0, 0, 0);
-    lanes_narrow::<E, S>(|j| {
-        // SAFETY: a step's `S` elements fit the payload and the unit.
-        unsafe {
-            old += wire_sum::<E>(out, j);
-            let acc = *part.add(j) as i64;
-            excess |= E::excess(acc);
-            new += set_sum::<E>(out, j, acc);
-        }
-    });
-    if E::out_of_range(excess) {
-        // SAFETY: as above.
-        unsafe { clamp_step::<E, S>(part, out, &mut old, &mut new) };
-    }
     ctx.csum += wire_adjustment(old, new);
     0
 }
@@ -654,7 +621,6 @@ pub fn aggregate<E: Elem, C: Combine, const S: usize>(
     let admitted = unsafe { locked(copy, |s| admit(s, &c, cpu_bit)) };
     let mut blocks = Blocks {
         input,
-        src: NONE,
         dst: unit_of(p.unit_base, p.job_copy, cpu, cpus, p.blocks),
         over: 0,
         failed: 0,
@@ -681,8 +647,10 @@ pub fn aggregate<E: Elem, C: Combine, const S: usize>(
             if holder == 0 || at >= cpus {
                 return Err(Error::Internal.into());
             }
-            blocks.src = unit_of(p.unit_base, p.job_copy, at, cpus, p.blocks);
-            each_step(cache_block::<E, S>, &mut blocks, steps);
+            // The completer's partial holds the sums: written out as the
+            // result was (the loop only reads a partial without `IN`).
+            blocks.dst = unit_of(p.unit_base, p.job_copy, at, cpus, p.blocks);
+            each_step(result_block::<E, C, S, false, true>, &mut blocks, steps);
             if blocks.failed != 0 {
                 return Err(Error::Internal.into());
             }

@@ -22,7 +22,7 @@ use xina::{
 use xina_proto::{
     DType, Flags, Kind, Op, Repr, XINA_UDP_PORT,
     counters::Counter,
-    frame::{PAYLOAD, elems_for_mtu},
+    frame::{PAYLOAD, blocks, elems_for_mtu},
     maps::{FanoutMeta, slot_state},
 };
 
@@ -469,8 +469,8 @@ fn wide_jobs_are_allreduce_only_and_fit_the_pool() {
 
     // More units than the pool has: refused, naming the pool.
     let (units, cpus) = dp.unit_pool();
-    // One slot more than the pool holds at 126 units per partial.
-    let slots = units / (2 * cpus * 126) + 1;
+    // One slot more than the pool holds.
+    let slots = units / (2 * cpus * blocks(16_128) as u32) + 1;
     let job = wide_job(45, 2, Op::Sum, DType::I32, 16_128, slots);
     assert!(dp.units_needed(&job) > u64::from(units));
     let e = dp.install_job(&job).unwrap_err().to_string();
