@@ -106,6 +106,10 @@ pub struct Scratch {
     pub pending: Pending,
     pub input: [u32; MAX_PAYLOAD / 4],
     pub output: [u32; MAX_PAYLOAD / 4],
+    /// The slot step's plan, handed through map memory so that the
+    /// verifier does not walk the element loops once per decision
+    /// (`slot::step`).
+    pub plan: u32,
 }
 
 /// This CPU's [`Scratch`].
@@ -121,13 +125,35 @@ pub static UNITS: Array<Unit, { DEFAULT_UNITS as usize }> = Array::new();
 
 /// The wide path's staged payload, one entry per CPU (indexed by
 /// `bpf_get_smp_processor_id`; a per-CPU array cannot hold 64 KB values).
-/// The buffer sits 2,112 bytes into the value: copies into a buffer at a
-/// page-aligned offset ran several times slower (4 KiB aliasing with the
-/// packet's pages).
+/// The buffer sits 2,112 bytes into the value (the loops' accumulators
+/// just before it): copies into a buffer at a page-aligned offset ran
+/// several times slower (4 KiB aliasing with the packet's pages).
 #[repr(C)]
 pub struct WideScratch {
-    pub _align: [u64; 264],
+    pub _align: [u64; 260],
+    pub acc: LoopAcc,
     pub input: WideBuf,
+}
+
+/// What the wide path's element loops accumulate across their steps.
+///
+/// It lives in the map value, not on the stack: the verifier tracks the
+/// values of stack slots but not those of map memory, so a flag or a
+/// checksum kept here leaves the caller of `bpf_loop` in the same state
+/// whatever the callback found, and the callback is verified once per
+/// call site rather than once per combination of values
+/// (`ebpf/README.md`, "Verifier budget").
+#[repr(C)]
+pub struct LoopAcc {
+    /// Non-zero once a value saturated.
+    pub over: u64,
+    /// The result loop's int32 sums ORed through `Elem::excess`: whether
+    /// one must be clamped.
+    pub excess: u64,
+    /// Non-zero if a unit was missing (a control-plane fault).
+    pub failed: u64,
+    /// Checksum adjustment from the staged payload to what replaced it.
+    pub csum: u64,
 }
 
 /// A wide payload as 32-bit words in wire (big-endian) order.

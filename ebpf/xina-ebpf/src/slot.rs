@@ -108,14 +108,18 @@ pub trait Elem {
     fn put(buf: &mut Buf, i: usize, v: i64);
     /// The checksum adjustment `~old + new` over element `i`'s 32-bit words.
     fn csum(old: &Buf, new: &Buf, i: usize) -> u64;
-    /// Adds `v` to an accumulator; `true` if it saturated.
-    fn add(acc: i64, v: i64) -> (i64, bool);
-    /// Clamps an accumulator to the type's range; `true` if it had to.
-    fn clamp(v: i64) -> (i64, bool);
-    /// [`Elem::add`] without a branch (the wide path's loops run over
-    /// random values, where a branch per element is mispredicted often, and
-    /// a flag that is a different constant on each side of a branch splits
-    /// the verifier's states at every element); non-zero if it saturated.
+    /// Clamps an accumulator to the type's range, without a branch (see
+    /// [`Elem::add_lane`]); 1 if it had to, else 0.
+    fn clamp_lane(v: i64) -> (i64, u64);
+    /// Adds `v` to an accumulator, saturating, without a branch: the loops
+    /// run over random values, where a branch per element is mispredicted
+    /// often, and a branch whose arms leave different values in the loop's
+    /// registers splits the verifier's states at every element (see
+    /// `ebpf/README.md`, "Verifier budget"); 1 if it saturated, else 0.
+    ///
+    /// The flag is a bit, not a mask: the verifier forks its state on an
+    /// AND with a value it knows to be 0 or -1, and a mask ORed into a flag
+    /// the loop carries keeps the two forks apart until the loop ends.
     fn add_lane(acc: i64, v: i64) -> (i64, u64);
     /// All ones if `v < acc`, else zero, without a branch.
     fn less_mask(acc: i64, v: i64) -> i64;
@@ -133,6 +137,14 @@ pub fn opaque(mut v: i64) -> i64 {
     // SAFETY: a move of `v` to itself, which the optimiser cannot see into.
     unsafe { core::arch::asm!("{0} = {0}", inout(reg) v, options(pure, nomem, nostack)) };
     v
+}
+
+/// A bit (`b` is 0 or 1) as a factor, hidden from the optimiser like
+/// [`opaque`], so that a multiplication by it stays a multiplication and
+/// does not become a branch.
+#[inline(always)]
+fn bit(b: u64) -> i64 {
+    opaque(b as i64)
 }
 
 /// The word at byte offset `at` (a multiple of 4) as the number it spells.
@@ -175,19 +187,18 @@ impl Elem for I32 {
     }
 
     #[inline(always)]
-    fn add(acc: i64, v: i64) -> (i64, bool) {
-        (acc + v, false)
-    }
-
-    #[inline(always)]
-    fn clamp(v: i64) -> (i64, bool) {
-        if v > i64::from(i32::MAX) {
-            (i64::from(i32::MAX), true)
-        } else if v < i64::from(i32::MIN) {
-            (i64::from(i32::MIN), true)
-        } else {
-            (v, false)
-        }
+    fn clamp_lane(v: i64) -> (i64, u64) {
+        const MAX: i64 = i32::MAX as i64;
+        const MIN: i64 = i32::MIN as i64;
+        // Accumulators of at most 64 int32 lie within ±2^38: no difference
+        // below can overflow. Selects are multiplications by a bit rather
+        // than ANDs with a mask, which the verifier forks its state on.
+        // 1 where `v` is above MAX:
+        let above = bit((MAX - v) as u64 >> 63);
+        let v = v + (MAX - v) * above;
+        // 1 where it is below MIN:
+        let below = bit((v - MIN) as u64 >> 63);
+        (v + (MIN - v) * below, (above | below) as u64)
     }
 
     #[inline(always)]
@@ -236,29 +247,23 @@ impl Elem for I64 {
     }
 
     #[inline(always)]
-    fn add(acc: i64, v: i64) -> (i64, bool) {
-        match acc.checked_add(v) {
-            Some(s) => (s, false),
-            // Saturate in the direction of the true sum.
-            None if v > 0 => (i64::MAX, true),
-            None => (i64::MIN, true),
-        }
-    }
-
-    #[inline(always)]
-    fn clamp(v: i64) -> (i64, bool) {
-        (v, false)
+    fn clamp_lane(v: i64) -> (i64, u64) {
+        (v, 0)
     }
 
     #[inline(always)]
     fn add_lane(acc: i64, v: i64) -> (i64, u64) {
         let sum = acc.wrapping_add(v);
-        // All ones if the sum overflowed: both operands have the sign the
-        // sum lacks.
-        let mask = opaque(((acc ^ sum) & (v ^ sum)) >> 63);
-        // Saturate in the direction of the true sum (the operands' sign).
-        let bound = opaque(acc >> 63) ^ i64::MAX;
-        (sum ^ ((sum ^ bound) & mask), mask as u64)
+        // 1 if the sum overflowed: both operands have the sign the sum
+        // lacks.
+        let over = bit(((acc ^ sum) & (v ^ sum)) as u64 >> 63);
+        // Saturate in the direction of the true sum (the operands' sign):
+        // i64::MAX, or i64::MIN where `acc` is negative.
+        let bound = i64::MAX.wrapping_add(bit(acc as u64 >> 63));
+        (
+            sum.wrapping_add(bound.wrapping_sub(sum).wrapping_mul(over)),
+            over as u64,
+        )
     }
 
     #[inline(always)]
@@ -281,11 +286,8 @@ impl Elem for I64 {
 
 /// How elements combine.
 pub trait Combine {
-    /// Combines an accumulator with a new value; `true` if it saturated.
-    fn combine<E: Elem>(acc: i64, v: i64) -> (i64, bool);
-
-    /// [`Combine::combine`] without a branch (see [`Elem::add_lane`]);
-    /// non-zero if it saturated.
+    /// Combines an accumulator with a new value without a branch (see
+    /// [`Elem::add_lane`]); non-zero if it saturated.
     fn lane<E: Elem>(acc: i64, v: i64) -> (i64, u64);
 }
 
@@ -295,11 +297,6 @@ pub struct Min;
 
 impl Combine for Sum {
     #[inline(always)]
-    fn combine<E: Elem>(acc: i64, v: i64) -> (i64, bool) {
-        E::add(acc, v)
-    }
-
-    #[inline(always)]
     fn lane<E: Elem>(acc: i64, v: i64) -> (i64, u64) {
         E::add_lane(acc, v)
     }
@@ -307,22 +304,12 @@ impl Combine for Sum {
 
 impl Combine for Max {
     #[inline(always)]
-    fn combine<E: Elem>(acc: i64, v: i64) -> (i64, bool) {
-        (if v > acc { v } else { acc }, false)
-    }
-
-    #[inline(always)]
     fn lane<E: Elem>(acc: i64, v: i64) -> (i64, u64) {
         (v ^ ((v ^ acc) & E::less_mask(acc, v)), 0)
     }
 }
 
 impl Combine for Min {
-    #[inline(always)]
-    fn combine<E: Elem>(acc: i64, v: i64) -> (i64, bool) {
-        (if v < acc { v } else { acc }, false)
-    }
-
     #[inline(always)]
     fn lane<E: Elem>(acc: i64, v: i64) -> (i64, u64) {
         (acc ^ ((acc ^ v) & E::less_mask(acc, v)), 0)
@@ -350,69 +337,62 @@ pub fn clear<E: Elem, const N: usize>(buf: &mut Buf, n: usize) {
 
 /// Runs one contribution (staged in `input` over a [`clear`]ed buffer) on a
 /// slot copy; a result is staged in `output`. `N` is the job's size class:
-/// the loops' trip count.
+/// the loops' trip count. `plan` is a word of map memory (this CPU's
+/// scratch) the step hands its plan through (see [`step`]).
 ///
 /// # Safety
-/// `slot` points to a `SLOTS` map value.
+/// `slot` points to a `SLOTS` map value, `plan` into a map value.
 #[inline(always)]
 pub unsafe fn contribute<E: Elem, C: Combine, const N: usize>(
     slot: *mut Slot,
     input: &Buf,
     output: &mut Buf,
     c: &Contribution,
+    plan: *mut u32,
 ) -> Outcome {
     // SAFETY: `slot` is a valid map value (caller); the lock field is the
     // kernel's `struct bpf_spin_lock` layout.
     let lock = unsafe { &raw mut (*slot).lock }.cast();
     // SAFETY: as above.
     unsafe { bpf_spin_lock(lock) };
-    // SAFETY: we hold the copy's lock, so no other CPU touches it.
-    let outcome = step::<E, C, N>(unsafe { &mut *slot }, input, output, c);
+    // SAFETY: we hold the copy's lock, so no other CPU touches it; `plan`
+    // is map memory (caller).
+    let outcome = unsafe { step::<E, C, N>(&mut *slot, input, output, c, plan) };
     // SAFETY: as above; the lock is held by this program.
     unsafe { bpf_spin_unlock(lock) };
     outcome
 }
 
-/// Stages the copy's values as the output, clamped to the element type
-/// (setting the copy's overflow flag if one of the chunk's values had to be);
-/// returns the checksum adjustment from `input`.
-///
-/// Flags live in the slot, not in a register carried through the loop: a
-/// register that is 0 on one path and 1 on another would split the
-/// verifier's states at every iteration.
-#[inline(always)]
-fn write_out<E: Elem, const N: usize>(s: &mut Slot, input: &Buf, output: &mut Buf) -> u64 {
-    let mut csum = 0;
-    for i in 0..N.min(E::CAP) {
-        let (v, over) = E::clamp(s.values[i]);
-        if over {
-            s.flags |= u32::from(Flags::OVERFLOW);
-        }
-        s.values[i] = v;
-        E::put(output, i, v);
-        // Past the chunk's elements both sides are 0, and `~0 + 0` is the
-        // ones'-complement zero: it changes nothing.
-        csum += E::csum(input, output, i);
-    }
-    csum
+/// What the element loops do for a contribution, and what it amounts to:
+/// bits of the word [`step`] hands through map memory.
+mod plan {
+    /// The copy's values := the contribution's.
+    pub const INIT: u32 = 1 << 0;
+    /// The copy's values combined with the contribution's.
+    pub const COMBINE: u32 = 1 << 1;
+    /// The copy's values, clamped, staged as the output.
+    pub const WRITE_OUT: u32 = 1 << 2;
+    /// The outcome, above the loop bits.
+    pub const OUTCOME_SHIFT: u32 = 8;
+    pub const CONSUMED: u32 = 1;
+    pub const COMPLETED: u32 = 2;
+    pub const FROM_CACHE: u32 = 3;
+    pub const DUPLICATE: u32 = 4;
+    pub const STALE: u32 = 5;
+    pub const BAD_SHAPE: u32 = 6;
 }
 
-/// The state machine proper; no helper calls allowed in here.
+/// The state machine's decision: updates the copy's state fields (not its
+/// values) and returns the loops to run and the outcome, as [`plan`] bits.
 #[inline(always)]
-fn step<E: Elem, C: Combine, const N: usize>(
-    s: &mut Slot,
-    input: &Buf,
-    output: &mut Buf,
-    c: &Contribution,
-) -> Outcome {
+fn decide(s: &mut Slot, c: &Contribution) -> u32 {
+    use plan::*;
+    let outcome = |o: u32| o << OUTCOME_SHIFT;
     if s.state == slot_state::EMPTY || c.seq == s.seq.wrapping_add(c.reuse) {
         // The first contribution to this chunk initialises the copy. A rank
         // sends chunk s + 2W to this copy only after it has the result of
         // s + W, so every rank contributed to s + W and therefore already had
         // the result of s, the chunk this copy held.
-        for i in 0..N.min(E::CAP) {
-            s.values[i] = E::get(input, i);
-        }
         s.seq = c.seq;
         s.count = c.count;
         s.bitmap = c.rank_bit;
@@ -420,40 +400,121 @@ fn step<E: Elem, C: Combine, const N: usize>(
         s.flags = 0;
         if c.rank_bit != c.all_ranks {
             s.state = slot_state::PARTIAL;
-            return Outcome::Consumed;
+            return INIT | outcome(CONSUMED);
         }
         // A job of one rank: the contribution is its own result.
         s.state = slot_state::COMPLETE;
-        let csum = write_out::<E, N>(s, input, output);
-        return Outcome::Completed(Result::of(s, csum));
+        return INIT | WRITE_OUT | outcome(COMPLETED);
     }
     if c.seq != s.seq {
-        return Outcome::Stale;
+        return outcome(STALE);
     }
     if c.count != s.count || c.root != s.root {
-        return Outcome::BadShape;
+        return outcome(BAD_SHAPE);
     }
     if s.bitmap & c.rank_bit != 0 {
         if s.state != slot_state::COMPLETE {
-            return Outcome::Duplicate;
+            return outcome(DUPLICATE);
         }
         // A retransmission of a finished chunk: its result was lost on the
         // way to this rank. Answer from the stored result.
-        let csum = write_out::<E, N>(s, input, output);
-        return Outcome::FromCache(Result::of(s, csum));
-    }
-    for i in 0..N.min(E::CAP) {
-        let (acc, over) = C::combine::<E>(s.values[i], E::get(input, i));
-        if over {
-            s.flags |= u32::from(Flags::OVERFLOW);
-        }
-        s.values[i] = acc;
+        return WRITE_OUT | outcome(FROM_CACHE);
     }
     s.bitmap |= c.rank_bit;
     if s.bitmap != c.all_ranks {
-        return Outcome::Consumed;
+        return COMBINE | outcome(CONSUMED);
     }
     s.state = slot_state::COMPLETE;
-    let csum = write_out::<E, N>(s, input, output);
-    Outcome::Completed(Result::of(s, csum))
+    COMBINE | WRITE_OUT | outcome(COMPLETED)
+}
+
+/// The state machine proper; no helper calls allowed in here.
+///
+/// Verifier budget: [`decide`] branches a dozen ways, and had each branch
+/// its own copy of the element loops (as it once did), the verifier would
+/// walk a loop of up to 360 elements once per way, with constants in
+/// registers that differ between ways, past a quarter of its budget. So the
+/// decision goes through map memory, whose contents the verifier does not
+/// track, and comes back as a value it knows nothing about: each loop
+/// exists once, behind one test of that value, and is walked once or
+/// twice whatever the decision (`ebpf/README.md`, "Verifier budget").
+///
+/// # Safety
+/// `plan` points into a map value.
+#[inline(always)]
+unsafe fn step<E: Elem, C: Combine, const N: usize>(
+    s: &mut Slot,
+    input: &Buf,
+    output: &mut Buf,
+    c: &Contribution,
+    plan: *mut u32,
+) -> Outcome {
+    // SAFETY: map memory (caller).
+    unsafe { plan.write_volatile(decide(s, c)) };
+    // The plan is read anew for every test (volatile, so that the compiler
+    // neither keeps it in a register nor forwards the value stored): a
+    // register tested bit by bit would carry what the verifier learnt from
+    // each test into the next loop, one state per combination of bits.
+    // SAFETY: as above.
+    let todo = || unsafe { plan.read_volatile() };
+    if todo() & plan::INIT != 0 {
+        for i in 0..N.min(E::CAP) {
+            s.values[i] = E::get(input, i);
+        }
+    }
+    if todo() & plan::COMBINE != 0 {
+        // Without a branch per element, as in `write_out`.
+        let mut over = 0;
+        for i in 0..N.min(E::CAP) {
+            let (acc, o) = C::lane::<E>(s.values[i], E::get(input, i));
+            over |= o;
+            s.values[i] = acc;
+        }
+        s.flags |= overflow_flag(over);
+    }
+    let csum = if todo() & plan::WRITE_OUT != 0 {
+        write_out::<E, N>(s, input, output)
+    } else {
+        0
+    };
+    match todo() >> plan::OUTCOME_SHIFT {
+        plan::CONSUMED => Outcome::Consumed,
+        plan::COMPLETED => Outcome::Completed(Result::of(s, csum)),
+        plan::FROM_CACHE => Outcome::FromCache(Result::of(s, csum)),
+        plan::DUPLICATE => Outcome::Duplicate,
+        plan::STALE => Outcome::Stale,
+        _ => Outcome::BadShape,
+    }
+}
+
+/// Stages the copy's values as the output, clamped to the element type
+/// (setting the copy's overflow flag if one of the chunk's values had to be);
+/// returns the checksum adjustment from `input`.
+///
+/// The clamp has no branch: it costs no more than the branches, which
+/// random data mispredicts, and the overflow flag is ORed up in a register
+/// rather than set by a branch per element.
+#[inline(always)]
+fn write_out<E: Elem, const N: usize>(s: &mut Slot, input: &Buf, output: &mut Buf) -> u64 {
+    let (mut csum, mut over) = (0, 0);
+    for i in 0..N.min(E::CAP) {
+        let (v, o) = E::clamp_lane(s.values[i]);
+        over |= o;
+        s.values[i] = v;
+        E::put(output, i, v);
+        // Past the chunk's elements both sides are 0, and `~0 + 0` is the
+        // ones'-complement zero: it changes nothing.
+        csum += E::csum(input, output, i);
+    }
+    s.flags |= overflow_flag(over);
+    csum
+}
+
+/// The copy's overflow flag if `over`, the lanes' flags ORed up (each 0 or
+/// 1), is 1; zero otherwise. Without a branch: a branch on it would split
+/// the verifier's states into "overflowed" and not for the rest of the
+/// step.
+#[inline(always)]
+fn overflow_flag(over: u64) -> u32 {
+    (over as u32 & 1) * u32::from(Flags::OVERFLOW)
 }

@@ -201,8 +201,15 @@ pub fn aggregate<E: Elem, C: Combine, const N: usize>(
         reuse: p.reuse,
     };
     // SAFETY: `copy` is a SLOTS value.
-    let outcome =
-        unsafe { slot::contribute::<E, C, N>(copy, &scratch.input, &mut scratch.output, &c) };
+    let outcome = unsafe {
+        slot::contribute::<E, C, N>(
+            copy,
+            &scratch.input,
+            &mut scratch.output,
+            &c,
+            &raw mut scratch.plan,
+        )
+    };
     if let Outcome::Completed(_) | Outcome::FromCache(_) = outcome {
         // SAFETY: `output` holds MAX_PAYLOAD >= len bytes; the frame has the
         // `len` payload bytes (staged from it above).

@@ -65,7 +65,7 @@ use xina_proto::{
 use crate::{
     error::{Error, Verdict},
     maps::{
-        MAX_CPUS, Pending, SCRATCH, SLOTS, Tally, UNITS, WIDE_SCRATCH, WideBuf, XINA_CPUS,
+        LoopAcc, MAX_CPUS, Pending, SCRATCH, SLOTS, Tally, UNITS, WIDE_SCRATCH, WideBuf, XINA_CPUS,
         XINA_FANOUT_KEY,
     },
     packet::PAYLOAD,
@@ -166,22 +166,20 @@ unsafe fn locked<R>(slot: *mut Slot, step: impl FnOnce(&mut Slot) -> R) -> R {
     r
 }
 
-/// The context of the block loops, handed to `bpf_loop` callbacks.
+/// The context of the block loops, handed to `bpf_loop` callbacks. The
+/// callbacks only read it; what they accumulate goes to `acc`, in map
+/// memory (see [`LoopAcc`]).
 #[repr(C)]
 struct Blocks {
     /// This CPU's staged payload.
     input: *mut WideBuf,
+    /// This CPU's loop accumulators.
+    acc: *mut LoopAcc,
     /// First unit of the partial the loop works on (this CPU's; for a
     /// reply from the cache, the completer's, only read).
     dst: u32,
-    /// Non-zero once a value saturated or had to be clamped.
-    over: u64,
-    /// Non-zero if a unit was missing (a control-plane fault).
-    failed: u32,
     /// Steps in the chunk (for [`merge_block`]).
     steps: u32,
-    /// Checksum adjustment from the staged payload to what replaced it.
-    csum: u64,
     /// [`merge_block`]: the CPUs whose partials are merged into `dst`, and
     /// the first unit of CPU 0's partial and the units per partial.
     holders: u64,
@@ -210,13 +208,13 @@ const fn step_words<E: Elem, const S: usize>() -> usize {
 unsafe fn step<'a, E: Elem, const S: usize>(
     k: u64,
     ctx: *mut c_void,
-) -> Option<(&'a mut Blocks, *mut u32, u32, usize)> {
+) -> Option<(&'a Blocks, *mut u32, u32, usize)> {
     let k = k as usize;
     if k >= max_steps::<E, S>() {
         return None;
     }
     // SAFETY: as the caller promises.
-    let ctx = unsafe { &mut *ctx.cast::<Blocks>() };
+    let ctx = unsafe { &*ctx.cast::<Blocks>() };
     // SAFETY: step `k` lies inside the staged payload (checked above).
     let words = unsafe { ctx.input.cast::<u32>().add(k * step_words::<E, S>()) };
     Some((
@@ -225,6 +223,15 @@ unsafe fn step<'a, E: Elem, const S: usize>(
         (k * S / BLOCK_ELEMS) as u32,
         k * S % BLOCK_ELEMS,
     ))
+}
+
+/// This CPU's loop accumulators.
+#[inline(always)]
+fn acc(ctx: &Blocks) -> &mut LoopAcc {
+    // SAFETY: `acc` points to this CPU's `WIDE_SCRATCH` entry, which only
+    // the program running on this CPU touches, and no other reference to
+    // it is live while a callback runs.
+    unsafe { &mut *ctx.acc }
 }
 
 /// Element `at` of the unit `index`, or `None`.
@@ -321,7 +328,7 @@ unsafe extern "C" fn init_block<E: Elem, const S: usize>(k: u64, ctx: *mut c_voi
         return 1;
     };
     let Some(part) = unit(ctx.dst + u, at) else {
-        ctx.failed = 1;
+        acc(ctx).failed = 1;
         return 1;
     };
     lanes::<E, S>(|j| {
@@ -342,7 +349,7 @@ unsafe extern "C" fn combine_block<E: Elem, C: Combine, const S: usize>(
         return 1;
     };
     let Some(part) = unit(ctx.dst + u, at) else {
-        ctx.failed = 1;
+        acc(ctx).failed = 1;
         return 1;
     };
     let mut over = 0;
@@ -355,7 +362,7 @@ unsafe extern "C" fn combine_block<E: Elem, C: Combine, const S: usize>(
             over |= o;
         }
     });
-    ctx.over |= over;
+    acc(ctx).over |= over;
     0
 }
 
@@ -385,7 +392,7 @@ unsafe extern "C" fn merge_block<E: Elem, C: Combine, const S: usize>(
         return 1;
     };
     let (Some(src), Some(dst)) = (unit(src + u, at), unit(ctx.dst + u, at)) else {
-        ctx.failed = 1;
+        acc(ctx).failed = 1;
         return 1;
     };
     let mut over = 0;
@@ -398,7 +405,7 @@ unsafe extern "C" fn merge_block<E: Elem, C: Combine, const S: usize>(
             over |= o;
         }
     });
-    ctx.over |= over;
+    acc(ctx).over |= over;
     0
 }
 
@@ -441,28 +448,36 @@ fn wire_adjustment(old: u64, new: u64) -> u64 {
     u64::from(!old) + u64::from(new)
 }
 
-/// Writes the sums of partial `part` over the staged payload `out`, clamped
-/// to the element type, for a step whose sums are known to leave its range
-/// (rare: the loops write sums as they are and call this only then);
-/// adds the replaced and the new wire words to `old` and `new`.
-///
-/// # Safety
-/// `part` and `out` have room for the step's `S` elements.
-#[inline(always)]
-unsafe fn clamp_step<E: Elem, const S: usize>(
-    part: *const u64,
-    out: *mut u32,
-    old: &mut u64,
-    new: &mut u64,
-) {
-    lanes_by::<S, 1>(|j| {
-        // SAFETY: as the caller promises.
+/// Elements per step of [`clamp_block`]: few, because its loop keeps two
+/// sums and a clamp per element live, and the pass is rare.
+const CLAMP_STEP: usize = 8;
+
+/// `bpf_loop` callback: rewrites the step's elements of the staged payload
+/// (the result as [`result_block`] wrote it) with the sums of partial `dst`
+/// clamped to the element type, adding up the checksum adjustment. Run
+/// only when the result loop found a sum out of the type's range (rare:
+/// that loop writes the sums as they are), as a pass of its own, so that
+/// the result loop has no branch on it.
+unsafe extern "C" fn clamp_block<E: Elem>(k: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` is the `Blocks` the caller passed to `bpf_loop`.
+    let Some((ctx, out, u, at)) = (unsafe { step::<E, CLAMP_STEP>(k, ctx) }) else {
+        return 1;
+    };
+    let Some(part) = unit(ctx.dst + u, at) else {
+        acc(ctx).failed = 1;
+        return 1;
+    };
+    let (mut old, mut new) = (0, 0);
+    lanes_by::<CLAMP_STEP, CLAMP_STEP>(|j| {
+        // SAFETY: a step's elements fit the payload and the unit.
         unsafe {
-            let (v, _) = E::clamp(*part.add(j) as i64);
-            *old += wire_sum::<E>(out, j);
-            *new += set_sum::<E>(out, j, v);
+            let (v, _) = E::clamp_lane(*part.add(j) as i64);
+            old += wire_sum::<E>(out, j);
+            new += set_sum::<E>(out, j, v);
         }
     });
+    acc(ctx).csum += wire_adjustment(old, new);
+    0
 }
 
 /// `bpf_loop` callback: the step's result over the staged payload, adding
@@ -474,8 +489,9 @@ unsafe fn clamp_step<E: Elem, const S: usize>(
 ///
 /// Clamping costs more than everything else an element needs, and a sum
 /// seldom leaves `int32`'s range, so the loop writes the sums as they are
-/// and notes whether any left it; only then [`clamp_step`] rewrites the
-/// step from the partial.
+/// and notes in `excess` whether any left it; only then does
+/// [`clamp_block`] rewrite the result from the partial, in a pass of its
+/// own.
 unsafe extern "C" fn result_block<
     E: Elem,
     C: Combine,
@@ -491,7 +507,7 @@ unsafe extern "C" fn result_block<
         return 1;
     };
     let Some(part) = unit(ctx.dst + u, at) else {
-        ctx.failed = 1;
+        acc(ctx).failed = 1;
         return 1;
     };
     let (mut old, mut new, mut excess, mut over) = (0, 0, 0, 0);
@@ -516,34 +532,39 @@ unsafe extern "C" fn result_block<
             new += set_sum::<E>(out, j, acc);
         }
     });
-    if E::out_of_range(excess) {
-        // Something had to be clamped: the chunk overflowed.
-        over = 1;
-        // SAFETY: as above.
-        unsafe { clamp_step::<E, S>(part, out, &mut old, &mut new) };
-    }
-    ctx.over |= over;
-    ctx.csum += wire_adjustment(old, new);
+    let acc = acc(ctx);
+    acc.over |= over;
+    acc.excess |= excess;
+    acc.csum += wire_adjustment(old, new);
     0
 }
 
 /// Runs `callback` over the chunk's `steps` steps.
 #[inline(always)]
-fn each_step(
-    callback: unsafe extern "C" fn(u64, *mut c_void) -> i64,
-    ctx: &mut Blocks,
-    steps: u32,
-) {
+fn each_step(callback: unsafe extern "C" fn(u64, *mut c_void) -> i64, ctx: &Blocks, steps: u32) {
     // SAFETY: `callback` is a static function taking a `Blocks`, and `ctx`
     // lives across the call.
     unsafe {
         bpf_loop(
             steps,
             callback as *mut c_void,
-            (ctx as *mut Blocks).cast(),
+            (ctx as *const Blocks).cast_mut().cast(),
             0,
         )
     };
+}
+
+/// Writes the result loop's sums clamped to the element type over the
+/// staged payload, if one of them left its range (the chunk overflowed);
+/// whether one did.
+#[inline(always)]
+fn clamp_result<E: Elem, const S: usize>(blocks: &Blocks) -> bool {
+    if !E::out_of_range(acc(blocks).excess) {
+        return false;
+    }
+    let per_step = (S / CLAMP_STEP) as u32;
+    each_step(clamp_block::<E>, blocks, blocks.steps * per_step);
+    true
 }
 
 /// Zeroes the staged payload from element `count` to the end of its last
@@ -598,6 +619,17 @@ pub fn aggregate<E: Elem, C: Combine, const S: usize>(
     let wide = WIDE_SCRATCH.get_ptr_mut(cpu).ok_or(Error::Internal)?;
     // SAFETY: this CPU's entry (nothing else runs on it meanwhile).
     let input = unsafe { &raw mut (*wide).input };
+    // SAFETY: as above.
+    let loop_acc = unsafe { &raw mut (*wide).acc };
+    // SAFETY: as above.
+    unsafe {
+        loop_acc.write(LoopAcc {
+            over: 0,
+            excess: 0,
+            failed: 0,
+            csum: 0,
+        });
+    }
     let steps = clear_tail::<E, S>(input, p.count)?;
     // The whole payload is staged before the copy is touched, so a short
     // frame cannot leave a chunk half combined. One helper call moves it,
@@ -621,22 +653,20 @@ pub fn aggregate<E: Elem, C: Combine, const S: usize>(
     let admitted = unsafe { locked(copy, |s| admit(s, &c, cpu_bit)) };
     let mut blocks = Blocks {
         input,
+        acc: loop_acc,
         dst: unit_of(p.unit_base, p.job_copy, cpu, cpus, p.blocks),
-        over: 0,
-        failed: 0,
         steps,
-        csum: 0,
         holders: 0,
         cpu0: unit_of(p.unit_base, p.job_copy, 0, cpus, p.blocks),
         stride: p.blocks,
     };
     let (staged, holders) = match admitted {
         Admit::Init => {
-            each_step(init_block::<E, S>, &mut blocks, steps);
+            each_step(init_block::<E, S>, &blocks, steps);
             (false, 0)
         }
         Admit::Combine => {
-            each_step(combine_block::<E, C, S>, &mut blocks, steps);
+            each_step(combine_block::<E, C, S>, &blocks, steps);
             (false, 0)
         }
         Admit::Complete { holders } => (true, holders),
@@ -650,11 +680,13 @@ pub fn aggregate<E: Elem, C: Combine, const S: usize>(
             // The completer's partial holds the sums: written out as the
             // result was (the loop only reads a partial without `IN`).
             blocks.dst = unit_of(p.unit_base, p.job_copy, at, cpus, p.blocks);
-            each_step(result_block::<E, C, S, false, true>, &mut blocks, steps);
-            if blocks.failed != 0 {
+            each_step(result_block::<E, C, S, false, true>, &blocks, steps);
+            clamp_result::<E, S>(&blocks);
+            let acc = acc(&blocks);
+            if acc.failed != 0 {
                 return Err(Error::Internal.into());
             }
-            r.csum = blocks.csum;
+            r.csum = acc.csum;
             store(ctx, input, len)?;
             switch::make_result(ctx, &r, Flags::FROM_CACHE)?;
             let action = switch::reply_to_sender(ctx, &p)?;
@@ -664,14 +696,14 @@ pub fn aggregate<E: Elem, C: Combine, const S: usize>(
         Admit::Stale => return Err(Error::Stale.into()),
         Admit::BadShape => return Err(Error::BadShape.into()),
     };
-    if blocks.failed != 0 {
+    if acc(&blocks).failed != 0 {
         return Err(Error::Internal.into());
     }
     tally.count(Counter::Contributions);
     let holders = if staged {
         holders
     } else {
-        let over = blocks.over;
+        let over = acc(&blocks).over;
         // SAFETY: as above.
         let (done, holders) = unsafe {
             locked(copy, |s| {
@@ -690,7 +722,8 @@ pub fn aggregate<E: Elem, C: Combine, const S: usize>(
         if !done {
             return Ok(Verdict::new(Counter::Consumed, XDP_DROP));
         }
-        blocks.over = 0;
+        // Recorded in the copy's flags.
+        acc(&blocks).over = 0;
         holders
     };
     complete::<E, C, S>(ctx, &p, copy, &mut blocks, staged, holders, cpu_bit)
@@ -725,17 +758,19 @@ fn complete<E: Elem, C: Combine, const S: usize>(
         let cpus = XINA_CPUS.load().min(MAX_CPUS);
         each_step(merge_block::<E, C, S>, blocks, cpus * steps);
     }
-    blocks.csum = 0;
+    acc(blocks).csum = 0;
     match (staged, holders != 0) {
         (true, true) => each_step(result_block::<E, C, S, true, true>, blocks, steps),
         (true, false) => each_step(result_block::<E, C, S, true, false>, blocks, steps),
         (false, true) => each_step(result_block::<E, C, S, false, true>, blocks, steps),
         (false, false) => return Err(Error::Internal.into()),
     }
-    if blocks.failed != 0 {
+    let clamped = clamp_result::<E, S>(blocks);
+    let acc = acc(blocks);
+    if acc.failed != 0 {
         return Err(Error::Internal.into());
     }
-    let over = blocks.over;
+    let over = acc.over | u64::from(clamped);
     // SAFETY: `copy` is a SLOTS value; the step calls no helper.
     let mut r = unsafe {
         locked(copy, |s| {
@@ -753,7 +788,7 @@ fn complete<E: Elem, C: Combine, const S: usize>(
             }
         })
     };
-    r.csum = blocks.csum;
+    r.csum = acc.csum;
     store(ctx, blocks.input, p.count as usize * E::SIZE)?;
     switch::make_result(ctx, &r, 0)?;
     mark_for_fanout(ctx, p.job)?;
