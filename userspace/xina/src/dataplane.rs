@@ -40,7 +40,10 @@ use xina_proto::{
     },
 };
 
-use crate::pin::{self, PinDir};
+use crate::{
+    pin::{self, PinDir},
+    verifier::{self, ProgramLoad},
+};
 
 /// The eBPF object built by `build.rs`.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xina"));
@@ -56,6 +59,21 @@ pub fn ebpf_object() -> &'static [u8] {
 pub enum Error {
     #[error("loading the eBPF object")]
     Load(#[source] aya::EbpfError),
+    #[error(
+        "the kernel ({kernel}) refused program {name}: {verdict} [{errno}]. {}",
+        match log {
+            Some(p) => format!("The verifier's log is in {}.", p.display()),
+            None => "The verifier's log could not be saved.".to_owned(),
+        }
+    )]
+    Refused {
+        name: &'static str,
+        kernel: String,
+        errno: String,
+        /// The verifier's reason, from the end of its log.
+        verdict: String,
+        log: Option<PathBuf>,
+    },
     #[error("program {name}: {what}")]
     Program {
         name: &'static str,
@@ -501,6 +519,9 @@ pub struct Dataplane {
     logger: Option<Logger>,
     /// Where the switch is pinned, if it is.
     pins: Option<PinDir>,
+    /// What the verifier made of each program, when this process loaded
+    /// them (empty when opened from pins).
+    verification: Vec<ProgramLoad>,
 }
 
 /// The dataplane's maps by name.
@@ -534,7 +555,7 @@ impl Dataplane {
             .override_global("XINA_FANOUT_KEY", &fanout_key(), true)
             .load(EBPF_OBJECT)
             .map_err(Error::Load)?;
-        let (programs, mut maps) = load_programs(ebpf)?;
+        let (programs, mut maps, verification) = load_programs(ebpf)?;
         // Without the logger the dataplane's log records are simply not read.
         let logger = if opts.debug {
             let id = match maps.get(pin::LOGS) {
@@ -559,7 +580,15 @@ impl Dataplane {
             cpus,
             logger,
             pins: None,
+            verification,
         })
+    }
+
+    /// What the verifier made of each program this process loaded: the
+    /// processed instructions and load time of every program, in load
+    /// order (empty for a dataplane opened from its pins).
+    pub fn verification(&self) -> verifier::Report {
+        verifier::Report::new(self.verification.clone())
     }
 
     /// Replaces the programs of the switch pinned under `dir` with this
@@ -602,7 +631,7 @@ impl Dataplane {
             loader.map_pin_path(name, path.as_path());
         }
         let ebpf = loader.load(EBPF_OBJECT).map_err(Error::Load)?;
-        let (programs, mut maps) = load_programs(ebpf)?;
+        let (programs, mut maps, _) = load_programs(ebpf)?;
         let mut programs = Some(programs);
         set_aggregate(&mut programs, &mut maps)?;
         let egress_fd = program_fd(&mut programs, programs::EGRESS)?;
@@ -786,6 +815,7 @@ impl Dataplane {
             cpus,
             logger: None,
             pins: Some(dir.clone()),
+            verification: Vec::new(),
         };
         dp.read_ports(dir)?;
         dp.read_jobs()?;
@@ -1852,8 +1882,9 @@ fn logger_for_map(map_id: u32) -> Option<Logger> {
     aya_log::EbpfLogger::init_from_id(prog.id()).ok()
 }
 
-/// Loads every program of `ebpf` and takes its maps out of it.
-fn load_programs(ebpf: Ebpf) -> Result<(Ebpf, Maps), Error> {
+/// Loads every program of `ebpf` and takes its maps out of it; what the
+/// verifier made of each program.
+fn load_programs(ebpf: Ebpf) -> Result<(Ebpf, Maps, Vec<ProgramLoad>), Error> {
     let names = [
         programs::SWITCH,
         programs::EGRESS,
@@ -1862,33 +1893,71 @@ fn load_programs(ebpf: Ebpf) -> Result<(Ebpf, Maps), Error> {
         programs::GROUP,
     ];
     let mut ebpf = Some(ebpf);
+    let mut loads = Vec::new();
     for name in names
         .into_iter()
         .chain(programs::AGGREGATE)
         .chain(programs::WIDE)
     {
         let started = std::time::Instant::now();
-        xdp_mut(&mut ebpf, name)?
-            .load()
-            .map_err(|source| Error::Program {
-                name,
-                what: "load",
-                source,
-            })?;
-        log::debug!("{name}: loaded in {:?}", started.elapsed());
+        let prog = xdp_mut(&mut ebpf, name)?;
+        prog.load().map_err(|e| refused(name, e))?;
+        let load_time = started.elapsed();
+        let insns = prog
+            .info()
+            .ok()
+            .and_then(|i| i.verified_instruction_count());
+        log::debug!("{name}: loaded in {load_time:?}, {insns:?} instructions verified");
+        loads.push(ProgramLoad {
+            name,
+            insns,
+            load_time,
+        });
     }
-    tc_mut(&mut ebpf)?.load().map_err(|source| Error::Program {
+    let started = std::time::Instant::now();
+    let prog = tc_mut(&mut ebpf)?;
+    prog.load().map_err(|e| refused(programs::FANOUT, e))?;
+    loads.push(ProgramLoad {
         name: programs::FANOUT,
-        what: "load",
-        source,
-    })?;
+        insns: prog
+            .info()
+            .ok()
+            .and_then(|i| i.verified_instruction_count()),
+        load_time: started.elapsed(),
+    });
     let mut ebpf = ebpf.expect("set above");
     let map_names: Vec<String> = ebpf.maps().map(|(n, _)| n.to_owned()).collect();
     let maps = map_names
         .into_iter()
         .filter_map(|name| ebpf.take_map(&name).map(|m| (name, m)))
         .collect();
-    Ok((ebpf, maps))
+    Ok((ebpf, maps, loads))
+}
+
+/// The error of a program the kernel did not load: a refusal by the
+/// verifier becomes [`Error::Refused`], its log saved to a file rather than
+/// carried in the message.
+fn refused(name: &'static str, source: ProgramError) -> Error {
+    match source {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            Error::Refused {
+                name,
+                kernel: verifier::kernel_release(),
+                errno: io_error.to_string(),
+                verdict: verifier::verdict(&log),
+                log: verifier::save_log(name, &log),
+            }
+        }
+        source => Error::Program {
+            name,
+            what: "load",
+            source,
+        },
+    }
 }
 
 /// Points the `AGGREGATE` program array at the loaded aggregation

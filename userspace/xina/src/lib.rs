@@ -14,6 +14,7 @@
 //! - [`frame`]: whole frames for test runs.
 //! - [`netdev`]: interface lookups in the caller's network namespace.
 //! - [`p4`]: the P4 twin's control-plane state, and the shared test vectors.
+//! - [`verifier`]: each program's verified instructions against the budget.
 
 pub mod config;
 pub mod control;
@@ -24,5 +25,6 @@ pub mod p4;
 pub mod pin;
 pub mod stats;
 pub mod switch;
+pub mod verifier;
 
 pub use dataplane::{Counters, Dataplane, JobSpec, LoadOptions, MemberSpec};

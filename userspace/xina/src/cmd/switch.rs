@@ -22,6 +22,11 @@ pub enum Command {
         #[arg(long)]
         debug: bool,
     },
+    /// Load the whole dataplane as `up` would (same map sizes and globals),
+    /// attach nothing, and print each program's verified instructions
+    /// against the verifier's budget. Fails when a program is refused or
+    /// uses more than a quarter of the budget.
+    Check(CheckArgs),
     /// List the switches pinned under the pin root, with their ports.
     Ls {
         /// Print JSON: an array of `{"name", "pin_dir", "ports"}`.
@@ -54,6 +59,18 @@ pub struct UpArgs {
     daemon: super::daemon::Args,
 }
 
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// A switch configuration file whose `[switch]` sizes (slot pool,
+    /// units) to load with; the defaults without one.
+    #[arg(short, long)]
+    config: Option<PathBuf>,
+    /// Print JSON: `{"kernel", "budget", "margin", "programs": [{"name",
+    /// "insns", "load_time"}]}` (load time in microseconds).
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 enum Mode {
     Auto,
@@ -71,6 +88,9 @@ struct Listed {
 }
 
 pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
+    if let Command::Check(args) = cmd {
+        return check(args);
+    }
     if let Command::Ls { json } = cmd {
         let dirs = pin::PinDir::list(&global.pin_root)
             .with_context(|| format!("reading {}", global.pin_root.display()))?;
@@ -168,7 +188,7 @@ pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Ls { .. } => unreachable!("handled above"),
+        Command::Ls { .. } | Command::Check(_) => unreachable!("handled above"),
         Command::Status { json } => {
             let sw = control::open(&dir).with_context(|| format!("switch {}", dir.name()))?;
             let status = control::status(&sw.dp, &dir);
@@ -214,4 +234,40 @@ pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `xina switch check`.
+fn check(args: &CheckArgs) -> anyhow::Result<()> {
+    let opts = match &args.config {
+        Some(path) => {
+            let config = super::load_config(path)?;
+            xina::LoadOptions {
+                slot_pool: config.switch.slot_pool,
+                units: config.switch.units,
+                debug: false,
+            }
+        }
+        None => xina::LoadOptions::default(),
+    };
+    let dp = xina::Dataplane::load(opts).context("loading the dataplane")?;
+    let report = dp.verification();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    let over: Vec<String> = report
+        .over_margin()
+        .map(|p| format!("{} ({})", p.name, p.insns.unwrap_or_default()))
+        .collect();
+    if !over.is_empty() {
+        anyhow::bail!(
+            "{} of the verifier's budget of {} instructions exceeded by {}: a kernel whose \
+             verifier explores more states may refuse them",
+            "a quarter",
+            xina::verifier::BUDGET,
+            over.join(", ")
+        );
+    }
+    Ok(())
 }
