@@ -147,6 +147,7 @@ pub fn try_group(ctx: &XdpContext, tally: &mut Tally) -> Result<Verdict, Verdict
 /// exactly those of the headers and the announced payload.
 #[inline(always)]
 fn exact_length(ctx: &XdpContext, end: usize) -> Result<(), Error> {
+    let end = packet::payload_end(end)?;
     if ctx.data() + end > ctx.data_end() {
         return Err(Error::Truncated);
     }

@@ -104,13 +104,23 @@ pub struct Pending {
 #[repr(C)]
 pub struct Scratch {
     pub pending: Pending,
-    pub input: [u32; MAX_PAYLOAD / 4],
-    pub output: [u32; MAX_PAYLOAD / 4],
     /// The slot step's plan, handed through map memory so that the
     /// verifier does not walk the element loops once per decision
     /// (`slot::step`).
     pub plan: u32,
+    pub input: [u32; MAX_PAYLOAD / 4],
+    pub output: [u32; MAX_PAYLOAD / 4],
+    /// Room for the lengths the verifier sees (`packet::helper_len`).
+    pub _room: [u8; NARROW_LEN_MASK + 1 - MAX_PAYLOAD],
 }
+
+/// The lengths the narrow path hands `bpf_xdp_load_bytes` and
+/// `bpf_xdp_store_bytes` lie in `1..=NARROW_LEN_MASK + 1` for the verifier
+/// (`packet::helper_len`).
+pub const NARROW_LEN_MASK: usize = 2047;
+
+/// The same for the wide path.
+pub const WIDE_LEN_MASK: usize = 65535;
 
 /// This CPU's [`Scratch`].
 #[btf_map]
@@ -133,6 +143,8 @@ pub struct WideScratch {
     pub _align: [u64; 260],
     pub acc: LoopAcc,
     pub input: WideBuf,
+    /// Room for the lengths the verifier sees (`packet::helper_len`).
+    pub _room: [u8; WIDE_LEN_MASK + 1 - MAX_FRAME_PAYLOAD],
 }
 
 /// What the wide path's element loops accumulate across their steps.

@@ -3,7 +3,7 @@
 
 use aya_ebpf::programs::XdpContext;
 use xina_proto::{
-    MAGIC, VERSION, XINA_UDP_PORT,
+    MAGIC, MAX_FRAME_PAYLOAD, VERSION, XINA_UDP_PORT,
     header::{HEADER_LEN, field},
     net::{
         ETH_HLEN, ETH_P_IPV4, ETH_TYPE, IPPROTO_UDP, IPV4_FRAG, IPV4_FRAG_MASK, IPV4_HLEN,
@@ -21,6 +21,34 @@ pub const UDP: usize = ETH_HLEN + IPV4_HLEN;
 pub const XINA: usize = XINA_OFFSET;
 /// Offset of the payload.
 pub const PAYLOAD: usize = XINA_OFFSET + HEADER_LEN;
+
+/// `end`, the end of an xina payload computed from a header's count,
+/// checked to lie within the largest frame, as a value the verifier knows
+/// to be bounded. Older verifiers (6.1) refuse pointer arithmetic with an
+/// offset whose bounds they cannot see, and do not carry a bound learnt
+/// from a comparison over to a copy the compiler spilled before it; so the
+/// value is also masked to 16 bits, which bounds the very register that is
+/// used. The mask is hidden from the compiler (which knows the comparison
+/// makes it a no-op and would drop it).
+#[inline(always)]
+pub fn payload_end(end: usize) -> Result<usize, Error> {
+    if end > PAYLOAD + MAX_FRAME_PAYLOAD {
+        return Err(Error::BadShape);
+    }
+    Ok(end & crate::slot::opaque(0xffff) as usize)
+}
+
+/// `len`, which the caller has checked to be at least 1, as the length
+/// argument of `bpf_xdp_load_bytes` / `bpf_xdp_store_bytes`: 6.1's helpers
+/// take no length the verifier cannot prove to be non-zero, and a check the
+/// compiler made on a copy it spilled does not count. Recomputed so that the
+/// register passed carries the bounds `1..=MASK + 1` (`MASK + 1` a power of
+/// two at least the largest `len`); the buffer must have room for `MASK + 1`
+/// bytes in its map value.
+#[inline(always)]
+pub fn helper_len<const MASK: usize>(len: usize) -> u32 {
+    ((len.wrapping_sub(1) & crate::slot::opaque(MASK as i64) as usize) + 1) as u32
+}
 
 /// A pointer to `N` bytes at `offset`, after checking they lie in the frame.
 #[inline(always)]

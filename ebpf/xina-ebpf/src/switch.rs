@@ -20,7 +20,10 @@ use xina_proto::{
 
 use crate::{
     error::{Error, Verdict},
-    maps::{AGGREGATE, JOBS, MEMBERS, PORTS, Pending, SCRATCH, SLOTS, Tally, XINA_DEBUG},
+    maps::{
+        AGGREGATE, JOBS, MEMBERS, NARROW_LEN_MASK, PORTS, Pending, SCRATCH, SLOTS, Tally,
+        XINA_DEBUG,
+    },
     packet::{self, IP, PAYLOAD, UDP, XINA},
     slot::{self, Combine, Contribution, Elem, Outcome},
 };
@@ -78,7 +81,7 @@ pub fn try_switch(ctx: &XdpContext, tally: &mut Tally) -> Result<Verdict, Verdic
         return Err(Error::BadShape.into());
     }
     let size = if job.dtype == DType::I64 as u8 { 8 } else { 4 };
-    let payload_end = PAYLOAD + size * usize::from(count);
+    let payload_end = packet::payload_end(PAYLOAD + size * usize::from(count))?;
     // A narrow frame lies in the linear part; only a longer (wide,
     // multi-buffer) one needs the length of its fragments too, a helper call
     // the narrow path need not pay.
@@ -185,7 +188,7 @@ pub fn aggregate<E: Elem, C: Combine, const N: usize>(
             ctx.ctx,
             PAYLOAD as u32,
             scratch.input.as_mut_ptr().cast(),
-            len as u32,
+            packet::helper_len::<NARROW_LEN_MASK>(len),
         )
     };
     if rc != 0 {
@@ -218,7 +221,7 @@ pub fn aggregate<E: Elem, C: Combine, const N: usize>(
                 ctx.ctx,
                 PAYLOAD as u32,
                 scratch.output.as_mut_ptr().cast(),
-                len as u32,
+                packet::helper_len::<NARROW_LEN_MASK>(len),
             )
         };
         if rc != 0 {

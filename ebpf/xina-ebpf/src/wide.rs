@@ -65,10 +65,10 @@ use xina_proto::{
 use crate::{
     error::{Error, Verdict},
     maps::{
-        LoopAcc, MAX_CPUS, Pending, SCRATCH, SLOTS, Tally, UNITS, WIDE_SCRATCH, WideBuf, XINA_CPUS,
-        XINA_FANOUT_KEY,
+        LoopAcc, MAX_CPUS, Pending, SCRATCH, SLOTS, Tally, UNITS, WIDE_LEN_MASK, WIDE_SCRATCH,
+        WideBuf, XINA_CPUS, XINA_FANOUT_KEY,
     },
-    packet::PAYLOAD,
+    packet::{self, PAYLOAD},
     slot::{self, Combine, Contribution, Elem},
     switch,
 };
@@ -635,7 +635,14 @@ pub fn aggregate<E: Elem, C: Combine, const S: usize>(
     // frame cannot leave a chunk half combined. One helper call moves it,
     // across the frame's fragments.
     // SAFETY: `input` has room for MAX_FRAME_PAYLOAD >= len bytes.
-    let rc = unsafe { bpf_xdp_load_bytes(ctx.ctx, PAYLOAD as u32, input.cast(), len as u32) };
+    let rc = unsafe {
+        bpf_xdp_load_bytes(
+            ctx.ctx,
+            PAYLOAD as u32,
+            input.cast(),
+            packet::helper_len::<WIDE_LEN_MASK>(len),
+        )
+    };
     if rc != 0 {
         return Err(Error::Truncated.into());
     }
@@ -803,7 +810,14 @@ fn store(ctx: &XdpContext, input: *mut WideBuf, len: usize) -> Result<(), Error>
     }
     // SAFETY: `input` holds MAX_FRAME_PAYLOAD >= len bytes; the frame has
     // `len` payload bytes (staged from it).
-    let rc = unsafe { bpf_xdp_store_bytes(ctx.ctx, PAYLOAD as u32, input.cast(), len as u32) };
+    let rc = unsafe {
+        bpf_xdp_store_bytes(
+            ctx.ctx,
+            PAYLOAD as u32,
+            input.cast(),
+            packet::helper_len::<WIDE_LEN_MASK>(len),
+        )
+    };
     if rc != 0 {
         return Err(Error::Truncated);
     }

@@ -22,10 +22,10 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, DevMap, HashMap, MapData, PerCpuArray, PerCpuValues, ProgramArray},
     programs::{
-        ProgramError, ProgramFd, SchedClassifier, TcAttachType, TestRun, TestRunOptions, Xdp,
-        XdpMode,
+        LinkOrder, ProgramError, ProgramFd, SchedClassifier, TcAttachType, TestRun, TestRunOptions,
+        Xdp, XdpMode,
         links::{FdLink, PinnedLink},
-        tc::{SchedClassifierLink, SchedClassifierLinkId},
+        tc::{NlOptions, SchedClassifierLink, SchedClassifierLinkId, TcAttachOptions},
         xdp::{XdpLink, XdpLinkId},
     },
 };
@@ -60,7 +60,9 @@ pub enum Error {
     #[error("loading the eBPF object")]
     Load(#[source] aya::EbpfError),
     #[error(
-        "the kernel ({kernel}) refused program {name}: {verdict} [{errno}]. {}",
+        "the kernel ({kernel}) refused program {name}: {verdict} [{errno}]. {} Nothing was \
+         attached. xina is tested on Linux 6.1, 6.12 and 6.18 (README, \"Requirements\"); \
+         `xina switch check` shows what the verifier makes of every program.",
         match log {
             Some(p) => format!("The verifier's log is in {}.", p.display()),
             None => "The verifier's log could not be saved.".to_owned(),
@@ -404,13 +406,22 @@ enum PortLink {
     Pinned(PathBuf),
 }
 
-/// What keeps a port's fan-out program attached (TCX ingress).
+/// What keeps a port's fan-out program attached: a TCX link (Linux 6.6 and
+/// later), or a filter of the port's clsact qdisc, which needs no link to
+/// stay (older kernels; chosen by trying TCX first).
 #[derive(Debug)]
 enum FanoutLink {
     Owned(SchedClassifierLinkId),
     /// Pinned at this path (empty: not found when the switch was opened).
     Pinned(PathBuf),
+    /// A clsact filter of a pinned switch, on the named port: it stays
+    /// without any process, and is removed by the program's name.
+    Clsact(String),
 }
+
+/// The priority of the fan-out program's filter on a clsact qdisc (older
+/// kernels): fixed, so that it is found and replaced as one.
+const FANOUT_TC_PRIORITY: u16 = 1;
 
 /// Counters summed over CPUs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -659,6 +670,14 @@ impl Dataplane {
             // Closing our descriptor leaves the link to its pin.
             drop(prog.take_link(id).map_err(|e| relink(e.to_string()))?);
             let tc_path = dir.tc_link(&port.name, port.ifindex);
+            if !tc_path.exists() {
+                // A kernel without TCX: the fan-out program is a clsact
+                // filter, replaced by a new one (results the old one would
+                // have fanned out meanwhile are recovered by retransmission,
+                // as with the new fan-out key).
+                attach_fanout_clsact(&mut programs, &port.name, true)?;
+                continue;
+            }
             let link = PinnedLink::from_pin(&tc_path).map_err(|e| relink(e.to_string()))?;
             let link = SchedClassifierLink::try_from(FdLink::from(link))
                 .map_err(|e| relink(e.to_string()))?;
@@ -845,11 +864,13 @@ impl Dataplane {
                 ),
             };
             let tc_path = dir.tc_link(&name, ifindex);
-            let fanout = FanoutLink::Pinned(if tc_path.exists() {
-                tc_path
+            // Without a TCX link pin, the fan-out program is a clsact filter
+            // (or missing, which detaching tolerates).
+            let fanout = if tc_path.exists() {
+                FanoutLink::Pinned(tc_path)
             } else {
-                PathBuf::new()
-            });
+                FanoutLink::Clsact(name.clone())
+            };
             self.ports.push(Port {
                 name,
                 ifindex,
@@ -1117,7 +1138,20 @@ impl Dataplane {
         };
         let pins = self.pins.clone();
         let prog = tc_mut(&mut self.programs)?;
-        let id = prog.attach(ifname, TcAttachType::Ingress).map_err(err)?;
+        // TCX where the kernel has it (6.6 and later): a link, pinned with
+        // the switch. Probed by trying, not by the kernel's version.
+        let tcx = prog.attach_with_options(
+            ifname,
+            TcAttachType::Ingress,
+            TcAttachOptions::TcxOrder(LinkOrder::default()),
+        );
+        let id = match tcx {
+            Ok(id) => id,
+            Err(tcx_error) => {
+                log::debug!("{ifname}: no TCX ({tcx_error}); attaching through clsact");
+                return attach_fanout_clsact(&mut self.programs, ifname, pins.is_some());
+            }
+        };
         let Some(dir) = pins else {
             return Ok(FanoutLink::Owned(id));
         };
@@ -1164,6 +1198,11 @@ impl Dataplane {
                 if !path.as_os_str().is_empty()
                     && let Err(e) = pin::unpin_link(&path)
                 {
+                    log::warn!("detaching the fan-out program from {name}: {e}");
+                }
+            }
+            Some(FanoutLink::Clsact(ifname)) => {
+                if let Err(e) = pin::detach_fanout_filter(&ifname) {
                     log::warn!("detaching the fan-out program from {name}: {e}");
                 }
             }
@@ -1996,6 +2035,52 @@ pub struct Upgrade {
     pub after: BTreeMap<&'static str, u32>,
     /// The ports now running the new switch program.
     pub ports: Vec<String>,
+}
+
+/// The fan-out program as a direct-action filter of the port's clsact
+/// qdisc (added if missing), for kernels without TCX. A pinned switch's
+/// filter outlives this process (the qdisc holds the program).
+fn attach_fanout_clsact(
+    ebpf: &mut Option<Ebpf>,
+    ifname: &str,
+    pinned: bool,
+) -> Result<FanoutLink, Error> {
+    let err = |what, source| Error::Program {
+        name: programs::FANOUT,
+        what,
+        source,
+    };
+    match aya::programs::tc::qdisc_add_clsact(ifname) {
+        Ok(()) | Err(aya::programs::tc::TcError::AlreadyAttached) => {}
+        Err(e) => {
+            return Err(err(
+                "adding a clsact qdisc",
+                ProgramError::IOError(std::io::Error::other(e)),
+            ));
+        }
+    }
+    // A filter left by a switch that was not brought down cleanly.
+    let _ = pin::detach_fanout_filter(ifname);
+    let prog = tc_mut(ebpf)?;
+    let id = prog
+        .attach_with_options(
+            ifname,
+            TcAttachType::Ingress,
+            TcAttachOptions::Netlink(NlOptions {
+                priority: FANOUT_TC_PRIORITY,
+                ..NlOptions::default()
+            }),
+        )
+        .map_err(|e| err("attach (clsact ingress)", e))?;
+    if !pinned {
+        return Ok(FanoutLink::Owned(id));
+    }
+    let link = prog
+        .take_link(id)
+        .map_err(|e| err("attach (clsact ingress)", e))?;
+    // Dropping the link would remove the filter; the switch keeps it.
+    std::mem::forget(link);
+    Ok(FanoutLink::Clsact(ifname.to_owned()))
 }
 
 /// A clone of the descriptor of loaded program `name`.

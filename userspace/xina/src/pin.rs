@@ -256,6 +256,19 @@ pub fn unpin_link(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Removes the fan-out program's filter from the clsact qdisc of `ifname`
+/// (in this thread's network namespace), if it has one: the fan-out
+/// attachment of a switch on a kernel without TCX, which has no link to
+/// unpin. Nothing to remove is no error.
+pub fn detach_fanout_filter(ifname: &str) -> io::Result<()> {
+    use aya::programs::{TcAttachType, tc};
+    match tc::qdisc_detach_program(ifname, TcAttachType::Ingress, programs::FANOUT) {
+        Ok(()) => Ok(()),
+        Err(tc::TcError::IoError(e)) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io::Error::other(e)),
+    }
+}
+
 /// What [`remove`] found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Removed {
@@ -273,6 +286,12 @@ pub fn remove(dir: &PinDir) -> io::Result<Removed> {
     let mut removed = Removed::default();
     let mut first_error = None;
     for link in dir.link_pins()? {
+        // Not an error for the removal: the port may be gone already.
+        if !dir.tc_link(&link.ifname, link.ifindex).exists()
+            && let Err(e) = detach_fanout_filter(&link.ifname)
+        {
+            log::warn!("removing the fan-out filter of {}: {e}", link.ifname);
+        }
         match unpin_link(&link.path) {
             Ok(()) => removed.links.push(link.ifname),
             Err(e) => {
