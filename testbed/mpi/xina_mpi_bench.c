@@ -14,12 +14,13 @@
  *   xina-mpi allreduce int32 ranks=N bytes=B iters=I reps=R median_ns=M samples_ns=T1,T2,...
  *
  * - allreduce: a repetition fills ITERS result buffers with a poison
- *   pattern, meets at a barrier, then runs ITERS MPI_Allreduce (sum) back to
- *   back; its sample is (last rank done - first rank out of the barrier) /
- *   ITERS. One sample per repetition.
- * - bcast: each of the ITERS x REPS broadcasts is timed on its own, from the
- *   first rank out of a barrier to the slowest receiver's return from
- *   MPI_Bcast; the root rotates over the ranks from broadcast to broadcast.
+ *   pattern, warms up (see warm_again), meets at a barrier, then runs ITERS
+ *   MPI_Allreduce (sum) back to back; its sample is (last rank done - first
+ *   rank out of the barrier) / ITERS. One sample per repetition.
+ * - bcast: after a warm-up (see warm_again), each of the ITERS x REPS
+ *   broadcasts is timed on its own, from the first rank out of a barrier to
+ *   the slowest receiver's return from MPI_Bcast; the root rotates over the
+ *   ranks from broadcast to broadcast.
  *
  * Every rank times with CLOCK_MONOTONIC, which all ranks on one host share.
  * Every result is checked after the clock stops: the allreduce sums against
@@ -120,8 +121,36 @@ static int64_t span(int64_t start, int64_t end)
     return last - first;
 }
 
+/*
+ * Whether to warm up once more: rank 0 decides (until its clock passes
+ * `until`) and tells every rank.
+ *
+ * Before its clock starts, a command warms up with the collective it times,
+ * again and again for WARM_UP_NS (at least once), as osu_allreduce's
+ * skipped iterations do. A command starts after its ranks slept between
+ * commands (wait_for_command), for seconds while the other implementations
+ * ran, and was timed cold: TCP restarts from its initial window after an
+ * idle RTO (tcp_slow_start_after_idle), and the sleepers take about 100 ms
+ * of running to get back to speed. 8 workers on 2 CPUs, medians of 20
+ * commands of 20 allreduces of 8 B: 210-270 us straight after waking,
+ * 200-250 us after 20 allreduces of warm-up, 170-190 us after 200 ms (as
+ * with ranks that spun between commands instead of sleeping). In `bench
+ * allreduce` at 8 workers (xina and the ring in between), four runs:
+ * 8 B 204-212 us before, 170-194 after; 64 MiB 747-971 ms before, 500-541
+ * ms after.
+ */
+#define WARM_UP_NS 200000000
+
+static int warm_again(int64_t until)
+{
+    int more = rank == 0 && now_ns() < until;
+    MPI_Bcast(&more, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    return more;
+}
+
 static void allreduce(int is_float, size_t bytes, long iters, long reps)
 {
+    MPI_Datatype type = is_float ? MPI_FLOAT : MPI_INT32_T;
     size_t count = bytes / 4;
     int bits = is_float ? 12 : 20;
     int32_t *in_i = xmalloc(count * 4);
@@ -139,13 +168,18 @@ static void allreduce(int is_float, size_t bytes, long iters, long reps)
             else
                 in_i[i] = v;
         }
+        /* A repetition's allreduces, warming up (see warm_again). */
+        int64_t until = now_ns() + WARM_UP_NS;
+        do {
+            for (long k = 0; k < iters; k++)
+                MPI_Allreduce(in_i, out[0], (int)count, type, MPI_SUM, MPI_COMM_WORLD);
+        } while (warm_again(until));
         for (long k = 0; k < iters; k++)
             memset(out[k], 0xa5, count * 4);
         MPI_Barrier(MPI_COMM_WORLD);
         int64_t start = now_ns();
         for (long k = 0; k < iters; k++)
-            MPI_Allreduce(in_i, out[k], (int)count, is_float ? MPI_FLOAT : MPI_INT32_T, MPI_SUM,
-                          MPI_COMM_WORLD);
+            MPI_Allreduce(in_i, out[k], (int)count, type, MPI_SUM, MPI_COMM_WORLD);
         int64_t end = now_ns();
         if (rank == corrupt_rank && count > 0)
             for (long k = 0; k < iters; k++)
@@ -182,6 +216,13 @@ static void bcast(size_t bytes, long iters, long reps)
     uint8_t *buf = xmalloc(bytes);
     long count = iters * reps;
     int64_t *samples = xmalloc((size_t)count * sizeof *samples);
+    /* Broadcasts from every root in turn, warming up (see warm_again). */
+    int64_t until = now_ns() + WARM_UP_NS;
+    int warm_root = 0;
+    do {
+        MPI_Bcast(buf, (int)bytes, MPI_BYTE, warm_root, MPI_COMM_WORLD);
+        warm_root = (warm_root + 1) % nranks;
+    } while (warm_again(until));
     for (long s = 0; s < count; s++) {
         int root = (int)(s % nranks);
         unsigned salt = (unsigned)s * 2654435761u + (unsigned)bytes;
@@ -256,7 +297,8 @@ static struct command parse(const char *line)
  * not spin in MPI's progress loop (as a blocking MPI_Bcast would, yielding
  * or not): it tests a non-blocking broadcast every millisecond and sleeps
  * in between. That adds up to a millisecond before a command starts, never
- * inside a timed collective.
+ * inside a timed collective; the warm-up (warm_again) runs the ranks back
+ * to speed before the clock starts.
  */
 static void wait_for_command(struct command *c)
 {
