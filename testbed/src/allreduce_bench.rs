@@ -18,7 +18,8 @@
 //! For every loss rate, size and implementation: one warm-up repetition,
 //! then `reps` measured ones, the implementations interleaved rep by rep so
 //! that noise on this shared machine hits all alike (Open MPI's repetition
-//! is timed the same way inside its program). A repetition is:
+//! is timed the same way inside its program, after about 200 ms of untimed
+//! warm-up: its ranks sleep between commands). A repetition is:
 //! every rank fills `iters` buffers with its input, all ranks meet at a
 //! barrier, and each runs `iters` allreduces back to back; the repetition's
 //! time is from the first rank leaving the barrier to the last rank
