@@ -53,7 +53,56 @@ checks() {
     # Multicast.
     check bcast "$bin/xina-testbed" bench bcast --ranks 2 --sizes 1MiB --reps 1 \
         --impls xina --json "$tmp/bcast.json"
+    # A pinned switch brought up and down: its fan-out attachment (a TCX
+    # link, or a clsact filter before 6.6) must come and go with it.
+    check pinned pinned_up_down "$bin/xina" "$tmp"
     rm -rf "$tmp"
+}
+
+# `xina switch up`, `status` and `down` of a pinned one-port switch in a
+# namespace of its own; fails if the fan-out program is not attached to
+# the port while the switch is up, or still attached after `down`.
+pinned_up_down() {
+    local xina=$1 dir=$2 ns rc=0 before
+    ns=xk$$r$RANDOM
+    ip netns add "$ns"
+    ip -n "$ns" link add xkp0 type veth peer name xkp1
+    ip -n "$ns" link set xkp0 up
+    ip -n "$ns" link set xkp1 up
+    printf '[switch]\nports = ["xkp0"]\n' >"$dir/pinned.toml"
+    # Fan-out attachments: clsact filters on the port (before 6.6), and TCX
+    # links (6.6 on; bpftool 7.1 lists them as "type 11" without their
+    # device, hence counting all of them, before and after).
+    fanout() {
+        local n id
+        n=$(ip netns exec "$ns" bpftool net show dev xkp0 | grep -c xina_fanout || true)
+        for id in $(bpftool link show | awk '/^[0-9]+: (tcx|type 11) / { for (i = 1; i <= NF; i++) if ($i == "prog") print $(i + 1) }'); do
+            if bpftool prog show id "$id" 2>/dev/null | grep -q ' name xina_fanout '; then
+                n=$((n + 1))
+            fi
+        done
+        echo "$n"
+    }
+    before=$(fanout)
+    if ! "$xina" -n "$ns" --switch "$ns" switch up -c "$dir/pinned.toml" ||
+        ! "$xina" -n "$ns" --switch "$ns" switch status; then
+        rc=1
+    elif [ "$(fanout)" -le "$before" ]; then
+        echo "the fan-out program is not attached to the port of a switch that is up"
+        rc=1
+    fi
+    "$xina" -n "$ns" --switch "$ns" switch down || rc=1
+    # A detached link goes away after an RCU grace period.
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        [ "$(fanout)" -gt "$before" ] || break
+        sleep 0.3
+    done
+    if [ "$(fanout)" -gt "$before" ]; then
+        echo "the fan-out program is still attached after switch down"
+        rc=1
+    fi
+    ip netns del "$ns"
+    return "$rc"
 }
 
 # Inside a guest (or on the running kernel): `check NAME COMMAND...` runs
