@@ -35,6 +35,8 @@
 //! - `retransmits`: xina's retransmitted chunks (`Stats::retransmissions`)
 //!   or the ring's TCP retransmitted segments (`tcpi_total_retrans` of each
 //!   rank's sending connection), summed over ranks and measured repetitions;
+//! - `fast_retransmits` (xina only): how many of those went at once because
+//!   a later chunk's result came first; the others after their timeout;
 //! - loss: the lossy link ([`crate::lossy`]) on every worker's interface,
 //!   dropping that fraction of *all* frames (xina's, TCP's data and ACKs) in
 //!   both directions. It sees frames before segmentation offload cuts them,
@@ -295,6 +297,10 @@ pub struct Record {
     /// Retransmissions summed over ranks and measured repetitions (xina:
     /// chunks; ring: TCP segments).
     pub retransmits: u64,
+    /// xina: how many of its `retransmits` went at once because a later
+    /// chunk's result came back first (`Stats::fast_retransmissions`); the
+    /// others went after their timeout. `None` for the TCP baselines.
+    pub fast_retransmits: Option<u64>,
     /// Frames dropped by the lossy links, percent (each direction).
     pub loss: f64,
     /// Measured repetitions.
@@ -598,6 +604,7 @@ struct RankResult {
     start: Instant,
     end: Instant,
     retransmits: u64,
+    fast_retransmits: u64,
     outcome: Result<(), String>,
 }
 
@@ -642,22 +649,25 @@ fn rank_loop(
         let mut bufs: Vec<Vec<i32>> = (0..cmd.iters).map(|_| cmd.input.to_vec()).collect();
         barrier.wait();
         let start = Instant::now();
-        let mut retransmits = 0;
+        let (mut retransmits, mut fast_retransmits) = (0, 0);
         let mut outcome = Ok(());
         for buf in &mut bufs {
             let done = match cmd.which {
                 Impl::Xina => worker
                     .allreduce_i32(buf)
-                    .map(|s| s.retransmissions)
+                    .map(|s| (s.retransmissions, s.fast_retransmissions))
                     .map_err(|e| e.to_string()),
                 Impl::Ring => ring
                     .allreduce_i32(buf)
-                    .map(|s| s.retransmits)
+                    .map(|s| (s.retransmits, 0))
                     .map_err(|e| e.to_string()),
                 Impl::Mpi => Err("Open MPI runs in its own processes".to_owned()),
             };
             match done {
-                Ok(r) => retransmits += r,
+                Ok((r, fast)) => {
+                    retransmits += r;
+                    fast_retransmits += fast;
+                }
                 Err(e) => {
                     outcome = Err(e);
                     break;
@@ -673,6 +683,7 @@ fn rank_loop(
             start,
             end,
             retransmits,
+            fast_retransmits,
             outcome,
         };
         if to_driver.send(Message::Done(result)).is_err() {
@@ -731,6 +742,8 @@ struct Rep {
     /// Time per allreduce.
     time: Duration,
     retransmits: u64,
+    /// xina's fast retransmissions (0 for the others).
+    fast_retransmits: u64,
     /// With shaped links: the busiest link direction, Mbit/s.
     busiest_mbit: Option<f64>,
 }
@@ -783,14 +796,17 @@ impl Driver<'_, '_> {
                 for (i, &which) in impls.iter().enumerate() {
                     let record = self.record(which, bytes, iters, loss, &reps[i], frames[i]);
                     progress(&format!(
-                        "{} workers, MTU {}, loss {loss}%, {}: {} {:.1} us, {:.3} GB/s, {} retransmits",
+                        "{} workers, MTU {}, loss {loss}%, {}: {} {:.1} us, {:.3} GB/s, {} retransmits{}",
                         self.workers,
                         self.frame,
                         format_size(bytes),
                         which.name(),
                         record.time_us,
                         record.algbw_gbps,
-                        record.retransmits
+                        record.retransmits,
+                        record
+                            .fast_retransmits
+                            .map_or_else(String::new, |n| format!(" ({n} at once)"))
                     ));
                     records.push(record);
                 }
@@ -859,6 +875,7 @@ impl Driver<'_, '_> {
             return Ok(Rep {
                 time: answer.samples.first().copied().context("no sample")?,
                 retransmits: answer.retransmits,
+                fast_retransmits: 0,
                 busiest_mbit: None,
             });
         }
@@ -903,6 +920,7 @@ impl Driver<'_, '_> {
         Ok(Rep {
             time: end.duration_since(start) / u32::try_from(iters).unwrap_or(u32::MAX),
             retransmits: results.iter().map(|r| r.retransmits).sum(),
+            fast_retransmits: results.iter().map(|r| r.fast_retransmits).sum(),
             busiest_mbit: None,
         })
     }
@@ -936,6 +954,10 @@ impl Driver<'_, '_> {
             algbw_gbps,
             busbw_gbps: busbw(algbw_gbps, self.workers),
             retransmits: reps.iter().map(|r| r.retransmits).sum(),
+            fast_retransmits: match which {
+                Impl::Xina => Some(reps.iter().map(|r| r.fast_retransmits).sum()),
+                Impl::Ring | Impl::Mpi => None,
+            },
             loss,
             reps: reps.len(),
             iters,

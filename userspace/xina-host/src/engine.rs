@@ -470,8 +470,13 @@ pub struct Stats {
     pub packets_received: u64,
     /// Bytes of those datagrams.
     pub bytes_received: u64,
-    /// Chunks sent again after their timeout.
+    /// Chunks sent again: after their timeout, or at once (see
+    /// `fast_retransmissions`).
     pub retransmissions: u64,
+    /// Of `retransmissions`, the chunks sent again at once because the
+    /// result of a chunk sent well after them came back first (the RACK-like
+    /// rule of the module docs), without waiting for their timeout.
+    pub fast_retransmissions: u64,
     /// Timer events that found at least one chunk past its timeout.
     pub timeouts: u64,
     /// Results accepted that the switch answered from a slot's stored copy
@@ -501,6 +506,7 @@ impl Stats {
         self.packets_received += other.packets_received;
         self.bytes_received += other.bytes_received;
         self.retransmissions += other.retransmissions;
+        self.fast_retransmissions += other.fast_retransmissions;
         self.timeouts += other.timeouts;
         self.from_cache += other.from_cache;
         self.duplicates += other.duplicates;
@@ -971,6 +977,9 @@ impl<'a, T: Element> Engine<'a, T> {
                 transmission,
             }));
             self.stats.retransmissions += 1;
+            if !timed_out {
+                self.stats.fast_retransmissions += 1;
+            }
             self.rto_bound = self.rto_bound.max(rto);
             return Some(self.emit(k, true, buf));
         }
@@ -1381,6 +1390,7 @@ mod tests {
             packets_received: 3,
             bytes_received: 1_250_000,
             retransmissions: 1,
+            fast_retransmissions: 0,
             timeouts: 1,
             from_cache: 1,
             duplicates: 0,
@@ -1604,6 +1614,7 @@ mod tests {
             assert_eq!(values, [7]);
             assert!(sent(&mut engine, at).is_none());
             assert_eq!(engine.stats().retransmissions, i as u64 + 1);
+            assert_eq!(engine.stats().fast_retransmissions, 0);
             assert_eq!(engine.stats().timeouts, i as u64 + 1);
             assert_eq!(engine.poll_timeout(), Some(at + wait * MS));
             at += wait * MS;
@@ -1637,7 +1648,14 @@ mod tests {
             .collect();
         assert_eq!(again, [0, 1]);
         let stats = engine.stats();
-        assert_eq!((stats.retransmissions, stats.timeouts), (2, 0));
+        assert_eq!(
+            (
+                stats.retransmissions,
+                stats.fast_retransmissions,
+                stats.timeouts
+            ),
+            (2, 2, 0)
+        );
         // Not a timeout: their timeouts stay the initial 10 ms, not doubled;
         // chunk 3's comes down to the measured 5 ms (1 ms round trip, 5 ms
         // floor) from its send time.
