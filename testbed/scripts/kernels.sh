@@ -63,41 +63,47 @@ checks() {
 # namespace of its own; fails if the fan-out program is not attached to
 # the port while the switch is up, or still attached after `down`.
 pinned_up_down() {
-    local xina=$1 dir=$2 ns rc=0 before
+    local xina=$1 dir=$2 ns rc=0 link= pin
     ns=xk$$r$RANDOM
     ip netns add "$ns"
     ip -n "$ns" link add xkp0 type veth peer name xkp1
     ip -n "$ns" link set xkp0 up
     ip -n "$ns" link set xkp1 up
     printf '[switch]\nports = ["xkp0"]\n' >"$dir/pinned.toml"
-    # Fan-out attachments: clsact filters on the port (before 6.6), and TCX
-    # links (6.6 on; bpftool 7.1 lists them as "type 11" without their
-    # device, hence counting all of them, before and after).
-    fanout() {
-        local n id
-        n=$(ip netns exec "$ns" bpftool net show dev xkp0 | grep -c xina_fanout || true)
-        for id in $(bpftool link show | awk '/^[0-9]+: (tcx|type 11) / { for (i = 1; i <= NF; i++) if ($i == "prog") print $(i + 1) }'); do
-            if bpftool prog show id "$id" 2>/dev/null | grep -q ' name xina_fanout '; then
-                n=$((n + 1))
-            fi
-        done
-        echo "$n"
+    # The port's clsact filters running the fan-out program (before 6.6).
+    filters() { ip netns exec "$ns" bpftool net show dev xkp0 | grep -c xina_fanout || true; }
+    # Whether kernel link `$1` (a TCX link, 6.6 on) exists and runs the
+    # fan-out program. bpftool 7.1 shows a TCX link without its device, so
+    # the link is found through the switch's pin.
+    tcx_link() {
+        local prog
+        prog=$(bpftool link show id "$1" 2>/dev/null | awk 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "prog") print $(i + 1) }')
+        [ -n "$prog" ] && bpftool prog show id "$prog" | grep -q ' name xina_fanout '
     }
-    before=$(fanout)
     if ! "$xina" -n "$ns" --switch "$ns" switch up -c "$dir/pinned.toml" ||
         ! "$xina" -n "$ns" --switch "$ns" switch status; then
         rc=1
-    elif [ "$(fanout)" -le "$before" ]; then
-        echo "the fan-out program is not attached to the port of a switch that is up"
-        rc=1
+    else
+        pin=$(find "/sys/fs/bpf/xina/$ns/links" -name 'xkp0:*:tc' 2>/dev/null | head -n 1)
+        if [ -n "$pin" ]; then
+            link=$(bpftool link show pinned "$pin" | awk -F: 'NR == 1 { print $1 }')
+        fi
+        if [ "$(filters)" = 0 ] && ! { [ -n "$link" ] && tcx_link "$link"; }; then
+            echo "the fan-out program is not attached to the port of a switch that is up"
+            rc=1
+        fi
     fi
     "$xina" -n "$ns" --switch "$ns" switch down || rc=1
     # A detached link goes away after an RCU grace period.
+    local gone=false
     for _ in 1 2 3 4 5 6 7 8 9 10; do
-        [ "$(fanout)" -gt "$before" ] || break
+        if [ "$(filters)" = 0 ] && ! { [ -n "$link" ] && tcx_link "$link"; }; then
+            gone=true
+            break
+        fi
         sleep 0.3
     done
-    if [ "$(fanout)" -gt "$before" ]; then
+    if ! $gone; then
         echo "the fan-out program is still attached after switch down"
         rc=1
     fi
