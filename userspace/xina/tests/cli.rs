@@ -1,8 +1,8 @@
 //! The `xina` command as an operator uses it (root needed for `run`).
 
 use std::{
+    io::{BufRead as _, BufReader},
     process::{Command, Stdio},
-    thread::sleep,
     time::{Duration, Instant},
 };
 
@@ -164,25 +164,43 @@ fn run_attaches_and_detaches_cleanly() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while star.ports_with_xdp().unwrap().len() < 2 {
-        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "xina run did not attach: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+    // Its standard error, line by line, as it comes: SIGTERM is sent once it
+    // says it runs (before that, the signal is not handled yet, and would
+    // end it the default way, though with nothing left attached).
+    let stderr = child.stderr.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
         }
-        sleep(Duration::from_millis(50));
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    while !seen.iter().any(|l: &String| l.contains("running;")) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) => seen.push(line),
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("xina run did not start running: {}", seen.join("\n"));
+            }
+        }
     }
+    assert_eq!(
+        star.ports_with_xdp().unwrap().len(),
+        2,
+        "both ports attached"
+    );
     let pid = i32::try_from(child.id()).unwrap();
     // SAFETY: sending a signal to our own child process, which has not been reaped.
     let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
     assert_eq!(rc, 0);
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    seen.extend(lines.try_iter());
+    let stderr = seen.join("\n");
+    assert!(status.success(), "{stderr}");
     assert!(stderr.contains("job 1 installed: 2 ranks"), "{stderr}");
     assert!(stderr.contains("detached"), "{stderr}");
     assert_eq!(
