@@ -78,7 +78,10 @@ pinned_up_down() {
     tcx_link() {
         local prog
         prog=$(bpftool link show id "$1" 2>/dev/null | awk 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "prog") print $(i + 1) }')
-        [ -n "$prog" ] && bpftool prog show id "$prog" | grep -q ' name xina_fanout '
+        [ -n "$prog" ] || return 1
+        # Not `| grep -q`: under pipefail, bpftool killed by SIGPIPE once
+        # grep has its match would make the pipeline fail.
+        [[ $(bpftool prog show id "$prog") == *" name xina_fanout "* ]]
     }
     if ! "$xina" -n "$ns" --switch "$ns" switch up -c "$dir/pinned.toml" ||
         ! "$xina" -n "$ns" --switch "$ns" switch status; then
