@@ -49,7 +49,11 @@
 //! Every sent chunk has a retransmission timeout. Its first value comes from a
 //! [`RttEstimator`] (RFC 6298 smoothing of the time from sending a chunk to
 //! receiving its result, sampled only from chunks sent once, clamped to
-//! `min_rto..=max_rto`; before the first sample, `initial_rto`); each
+//! `min_rto..=max_rto`; before the first sample, `initial_rto`). While the
+//! chunk is open and sent once, a result that makes the estimate's timeout
+//! longer lengthens the chunk's too, counted from its send time (as TCP
+//! re-arms its timer on every acknowledgement): a round trip that grows
+//! with a queue would otherwise time out chunks that are only queued. Each
 //! retransmission of that chunk doubles it, up to `max_rto`. A retransmission
 //! carries [`Flags::RETRANSMIT`]; the switch answers it from the slot's stored
 //! result ([`Flags::FROM_CACHE`]) when the chunk is already complete, or
@@ -670,6 +674,9 @@ pub struct Engine<'a, T: Element> {
     timers: BinaryHeap<Reverse<Timer>>,
     /// At least the timeout of every open chunk.
     rto_bound: Duration,
+    /// The timeout a chunk sent at the last result would have had: when
+    /// the next result's is longer, the open chunks' timeouts follow it.
+    last_rto: Duration,
     /// Chunks found lost, waiting for `poll_transmit`, and whether by a
     /// timeout (which doubles the chunk's timeout).
     retransmit: VecDeque<(usize, bool)>,
@@ -811,6 +818,7 @@ impl<'a, T: Element> Engine<'a, T> {
             window: VecDeque::new(),
             timers: BinaryHeap::new(),
             rto_bound: Duration::ZERO,
+            last_rto: Duration::ZERO,
             retransmit: VecDeque::new(),
             started: now,
             last_event: now,
@@ -1173,7 +1181,13 @@ impl<'a, T: Element> Engine<'a, T> {
     fn on_progress(&mut self, now: Instant, acked_at: usize, acked: Instant) {
         let base_rto = self.rtt.rto(&self.config);
         let allowance = self.rtt.smoothed().unwrap_or(self.config.min_rto) / 4;
-        let scan = if self.rto_bound > base_rto {
+        // A longer timeout than at the last result (round trips grow with a
+        // queue): the open chunks sent once get it too, as TCP re-arms its
+        // timer on every acknowledgement, instead of timing out on the
+        // shorter one they were sent with.
+        let grown = base_rto > self.last_rto;
+        self.last_rto = base_rto;
+        let scan = if grown || self.rto_bound > base_rto {
             self.rto_bound = base_rto;
             self.window.len()
         } else {
@@ -1190,6 +1204,17 @@ impl<'a, T: Element> Engine<'a, T> {
             if chunk.transmissions == 1 && chunk.sent_at + allowance < acked {
                 chunk.deadline = None;
                 self.retransmit.push_back((k, false));
+            } else if grown && chunk.transmissions == 1 && chunk.rto < base_rto {
+                chunk.rto = base_rto;
+                let at = chunk.sent_at + base_rto;
+                if at > deadline {
+                    chunk.deadline = Some(at);
+                    self.timers.push(Reverse(Timer {
+                        at,
+                        chunk: k,
+                        transmission: chunk.transmissions,
+                    }));
+                }
             } else if chunk.rto > base_rto {
                 chunk.rto = base_rto;
                 let at = (chunk.sent_at + base_rto).max(now).min(deadline);
@@ -1660,6 +1685,31 @@ mod tests {
         // chunk 3's comes down to the measured 5 ms (1 ms round trip, 5 ms
         // floor) from its send time.
         assert_eq!(engine.poll_timeout(), Some(t0 + 3 * MS + 5 * MS));
+    }
+
+    #[test]
+    fn open_chunks_take_a_timeout_that_grew_with_the_round_trip() {
+        let config = Config::default();
+        let t0 = Instant::now();
+        let mut data = [1, 2, 3];
+        let mut engine = start(member(0, 2, 1, 4), config, 0, &mut data, t0);
+        let (first, _, _) = sent(&mut engine, t0).expect("a chunk");
+        sent(&mut engine, t0).expect("a chunk");
+        sent(&mut engine, t0).expect("a chunk");
+        assert_eq!(engine.poll_timeout(), Some(t0 + config.initial_rto));
+        // The first result comes back after 20 ms (a queue on the way):
+        // from now on a timeout of 20 + 4 x 10 = 60 ms, and the two chunks
+        // still open take it from when they were sent, rather than timing
+        // out on the 10 ms they left with.
+        engine.handle_packet(t0 + 20 * MS, &result(&first, &[2], 0));
+        assert_eq!(engine.poll_timeout(), Some(t0 + 60 * MS));
+        engine.handle_timeout(t0 + 30 * MS);
+        assert!(sent(&mut engine, t0 + 30 * MS).is_none(), "nothing resent");
+        assert_eq!(engine.stats().retransmissions, 0);
+        // Past the grown timeout they go again.
+        engine.handle_timeout(t0 + 60 * MS);
+        let (again, _, _) = sent(&mut engine, t0 + 60 * MS).expect("a retransmission");
+        assert!(again.flags.contains(Flags::RETRANSMIT));
     }
 
     #[test]
