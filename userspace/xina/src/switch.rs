@@ -51,7 +51,8 @@ pub fn start_pinned(config: &Config, dir: &PinDir) -> Result<Dataplane, StartErr
     })
 }
 
-fn load_options(config: &Config) -> LoadOptions {
+/// What a switch of `config` is loaded with (map sizes, logging).
+pub fn load_options(config: &Config) -> LoadOptions {
     LoadOptions {
         slot_pool: config.switch.slot_pool,
         units: config.switch.units,

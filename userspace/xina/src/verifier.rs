@@ -7,7 +7,7 @@
 //! changes with the kernel: a program near the budget on one kernel is
 //! refused by the next. xina keeps every program under [`MARGIN`] of it
 //! (`ebpf/README.md`, "Verifier budget"); `xina switch check` prints the
-//! figures, and the test `verifier_budget` fails a build past the margin.
+//! figures, and `tests/verifier.rs` fails a build past the margin.
 
 use std::{fmt::Write as _, path::PathBuf, time::Duration};
 

@@ -61,8 +61,8 @@ pub struct UpArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
-    /// A switch configuration file whose `[switch]` sizes (slot pool,
-    /// units) to load with; the defaults without one.
+    /// A switch configuration file to load as `up` would (its slot pool,
+    /// units and debug setting); the defaults without one.
     #[arg(short, long)]
     config: Option<PathBuf>,
     /// Print JSON: `{"kernel", "budget", "margin", "programs": [{"name",
@@ -239,14 +239,7 @@ pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
 /// `xina switch check`.
 fn check(args: &CheckArgs) -> anyhow::Result<()> {
     let opts = match &args.config {
-        Some(path) => {
-            let config = super::load_config(path)?;
-            xina::LoadOptions {
-                slot_pool: config.switch.slot_pool,
-                units: config.switch.units,
-                debug: false,
-            }
-        }
+        Some(path) => xina::switch::load_options(&super::load_config(path)?),
         None => xina::LoadOptions::default(),
     };
     let dp = xina::Dataplane::load(opts).context("loading the dataplane")?;
@@ -262,9 +255,8 @@ fn check(args: &CheckArgs) -> anyhow::Result<()> {
         .collect();
     if !over.is_empty() {
         anyhow::bail!(
-            "{} of the verifier's budget of {} instructions exceeded by {}: a kernel whose \
-             verifier explores more states may refuse them",
-            "a quarter",
+            "a quarter of the verifier's budget of {} instructions exceeded by {}: a kernel \
+             whose verifier explores more states may refuse them",
             xina::verifier::BUDGET,
             over.join(", ")
         );
