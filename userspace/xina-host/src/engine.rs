@@ -42,14 +42,20 @@
 //! already, because every rank contributed to `c - W` and a rank contributes to
 //! `c - W` only after receiving the result of `c - 2W`. The other copy still
 //! holds `c - W`'s result for ranks that lost it and retransmit. So at most `W`
-//! chunks are outstanding.
+//! chunks are outstanding. On top of that the worker's congestion window
+//! ([`crate::congestion`]) bounds how many are open (sent, result not in),
+//! by what the path carries without a standing queue.
 //!
 //! # Reliability
 //!
 //! Every sent chunk has a retransmission timeout. Its first value comes from a
 //! [`RttEstimator`] (RFC 6298 smoothing of the time from sending a chunk to
 //! receiving its result, sampled only from chunks sent once, clamped to
-//! `min_rto..=max_rto`; before the first sample, `initial_rto`). While the
+//! `min_rto..=max_rto`; before the first sample of a chunk as long,
+//! `initial_rto`; backed off after a timeout until the next sample; see
+//! [`RttEstimator`]). A first copy times out only once no result at all has
+//! come for its timeout (as TCP restarts its timer on every new
+//! acknowledgement), so chunks queued behind others are not resent. While the
 //! chunk is open and sent once, a result that makes the estimate's timeout
 //! longer lengthens the chunk's too, counted from its send time (as TCP
 //! re-arms its timer on every acknowledgement): a round trip that grows
@@ -67,10 +73,14 @@
 //! contributions to the chunks this rank sent before `t`; one of those still
 //! without a result had a contribution or its result lost (or overtaken), and
 //! it goes again at once if it was sent once, more than a reordering
-//! allowance (a quarter of the smoothed round trip) before `t`. Such a
+//! allowance (a quarter of the smoothed round trip at first, growing each
+//! time such a retransmission proves unneeded) before `t`. Such a
 //! retransmission keeps its timeout as it was; only a timeout doubles it. A
 //! spurious one costs a datagram: the switch ignores a contribution it has,
-//! and answers one for a complete chunk from the slot. Only first
+//! and answers one for a complete chunk from the slot. A result that comes
+//! back sooner after a retransmission than the lowest round trip answered
+//! the first copy: the retransmission is counted as unneeded
+//! ([`Stats::spurious`]) and the first copy's round trip is sampled. Only first
 //! transmissions are judged this way: a chunk that is still open after its
 //! retransmission usually waits for another rank's recovery, and every later
 //! result would otherwise send it again. Like TCP after a new
@@ -91,6 +101,7 @@ use std::time::{Duration, Instant};
 use xina_proto::header::HEADER_LEN;
 use xina_proto::{DType, Flags, Kind, MAX_FRAME_PAYLOAD, MAX_RANKS, Op, Packet, Repr};
 
+use crate::congestion::{Sample, Window};
 use crate::error::{Error, SeqList};
 
 /// The largest window (slots per job) the engine accepts.
@@ -321,7 +332,10 @@ impl Member {
 /// Timing parameters of the reliability engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
-    /// The retransmission timeout before any round trip has been measured.
+    /// The retransmission timeout before any round trip has been measured,
+    /// and at least the timeout of a chunk longer than any measured: it
+    /// must exceed the round trip of the first window of full chunks (four
+    /// 64 KB chunks back to back take 26 ms to come back over 100 Mbit/s).
     pub initial_rto: Duration,
     /// The floor of a timeout computed from measured round trips.
     pub min_rto: Duration,
@@ -333,10 +347,16 @@ pub struct Config {
     /// Headroom bits of float sums' fixed-point scale; `None` for the safe
     /// `⌈log₂ fan_in⌉`, which cannot overflow (see [`crate::float`]).
     pub float_headroom_bits: Option<u8>,
+    /// Congestion control: the queueing a worker's window lets build, as
+    /// round trip above the lowest one seen (the larger of this and that
+    /// lowest round trip; see [`crate::congestion`]). `None` turns it off:
+    /// every call keeps all of the job's slots open.
+    pub queue_target: Option<Duration>,
 }
 
 impl Default for Config {
-    /// 10 ms initial timeout, 5 ms floor, 500 ms ceiling, give up after 5 s.
+    /// 100 ms initial timeout, 5 ms floor, 500 ms ceiling, give up after 5 s;
+    /// congestion control with a 1 ms queue target.
     ///
     /// The floor sits well above the round trip through a software switch
     /// (tens to hundreds of microseconds) because a worker thread that is not
@@ -345,11 +365,12 @@ impl Default for Config {
     /// 1 ms floor caused about one spurious retransmission per 10 chunks.
     fn default() -> Self {
         Self {
-            initial_rto: Duration::from_millis(10),
+            initial_rto: Duration::from_millis(100),
             min_rto: Duration::from_millis(5),
             max_rto: Duration::from_millis(500),
             give_up: Duration::from_secs(5),
             float_headroom_bits: None,
+            queue_target: Some(Duration::from_millis(1)),
         }
     }
 }
@@ -371,6 +392,8 @@ impl Config {
             "give_up must be positive"
         } else if self.float_headroom_bits.is_some_and(|h| h > 30) {
             "float_headroom_bits must be at most 30"
+        } else if self.queue_target.is_some_and(|t| t.is_zero()) {
+            "queue_target must be positive (None turns congestion control off)"
         } else {
             return Ok(());
         };
@@ -391,6 +414,20 @@ impl Config {
 /// of milliseconds, and every loss of this rank's own then stalled the window
 /// that long (5% loss made an 8-rank run 60 times slower than 1%).
 ///
+/// Two more things a worker learns about its path live here:
+///
+/// - **Backoff** (RFC 6298, 5.5 and 5.7): a timeout doubles the timeout of
+///   chunks sent afterwards too, until a chunk sent once comes back. A path
+///   whose round trip exceeds the timeout (a 64 KB frame takes 5 ms each way
+///   at 100 Mbit/s, the first timeout is 10 ms) would otherwise time out
+///   every chunk before its result, and by Karn's rule never sample a round
+///   trip to learn from.
+/// - **Reordering** (RFC 8985, 6.2): the allowance of the RACK-like rule
+///   starts at a quarter of the smoothed round trip and grows by a quarter,
+///   up to the whole round trip, each time a fast retransmission turns out
+///   to have been unneeded (results of a chunk's first copy come back after
+///   later chunks' when the switch completes them on different CPUs).
+///
 /// A worker keeps one across calls so that every call starts with a measured
 /// timeout.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -399,7 +436,18 @@ pub struct RttEstimator {
     variation: Duration,
     /// Outliers set aside in a row.
     outliers: u32,
+    /// The lowest sample.
+    lowest: Option<Duration>,
+    /// Doublings of the timeout since the last sample.
+    backoff: u8,
+    /// The reordering allowance in quarters of the smoothed round trip.
+    reorder_quarters: u8,
+    /// The longest datagram sampled ([`sample_sized`](Self::sample_sized)).
+    bytes: usize,
 }
+
+/// The most doublings [`RttEstimator::on_timeout`] keeps.
+const MAX_BACKOFF: u8 = 6;
 
 /// How many times the smoothed round trip a sample may be before it is set
 /// aside as an outlier.
@@ -415,6 +463,10 @@ impl RttEstimator {
             smoothed: None,
             variation: Duration::ZERO,
             outliers: 0,
+            lowest: None,
+            backoff: 0,
+            reorder_quarters: 1,
+            bytes: 0,
         }
     }
 
@@ -423,13 +475,35 @@ impl RttEstimator {
         self.smoothed
     }
 
+    /// The lowest round trip sampled.
+    pub const fn lowest(&self) -> Option<Duration> {
+        self.lowest
+    }
+
     /// The round-trip variation.
     pub const fn variation(&self) -> Duration {
         self.variation
     }
 
-    /// Adds a round-trip sample.
+    /// Adds a round-trip sample of a datagram of `bytes` bytes. The first
+    /// sample of a longer datagram than any before starts the estimate
+    /// afresh: on a slow link a full chunk's round trip is many times a
+    /// short one's (a call check of 40 bytes, a 64 KB chunk), and compared
+    /// with the short ones' estimate it would be set aside as an outlier.
+    pub fn sample_sized(&mut self, rtt: Duration, bytes: usize) {
+        if bytes > self.bytes {
+            self.bytes = bytes;
+            self.smoothed = None;
+            self.outliers = 0;
+        }
+        self.sample(rtt);
+    }
+
+    /// Adds a round-trip sample (which ends any backoff: the chunk came
+    /// back without a retransmission, as late as it may have been).
     pub fn sample(&mut self, rtt: Duration) {
+        self.lowest = Some(self.lowest.map_or(rtt, |l| l.min(rtt)));
+        self.backoff = 0;
         match self.smoothed {
             None => {
                 self.smoothed = Some(rtt);
@@ -450,14 +524,57 @@ impl RttEstimator {
     }
 
     /// The timeout for a chunk sent now: `initial_rto` without samples, else
-    /// smoothed + 4 × variation clamped to `min_rto..=max_rto`.
+    /// smoothed + 4 × variation clamped to `min_rto..=max_rto`; doubled for
+    /// every timeout since the last sample, up to `max_rto`.
     pub fn rto(&self, config: &Config) -> Duration {
-        match self.smoothed {
+        let rto = match self.smoothed {
             None => config.initial_rto,
             Some(smoothed) => smoothed
                 .saturating_add(self.variation.saturating_mul(4))
                 .clamp(config.min_rto, config.max_rto),
+        };
+        rto.saturating_mul(1 << self.backoff).min(config.max_rto)
+    }
+
+    /// The timeout for a chunk of `bytes` bytes sent now: [`rto`](Self::rto),
+    /// and at least `initial_rto` when no chunk that long has been sampled.
+    pub fn rto_for(&self, config: &Config, bytes: usize) -> Duration {
+        let rto = self.rto(config);
+        if bytes > self.bytes {
+            rto.max(config.initial_rto)
+        } else {
+            rto
         }
+    }
+
+    /// A chunk timed out: chunks sent from now on wait twice as long, until
+    /// the next sample.
+    pub fn on_timeout(&mut self) {
+        self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
+    }
+
+    /// The longest datagram payload sampled, bytes.
+    pub const fn sampled_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Timeouts since the last sample.
+    pub const fn backoff(&self) -> u8 {
+        self.backoff
+    }
+
+    /// How much later than a chunk whose result came back an earlier chunk
+    /// may have been sent and still be waited for (the RACK-like rule):
+    /// a quarter of the smoothed round trip (of `fallback` before any
+    /// sample) at first, more after unneeded fast retransmissions.
+    pub fn reorder_allowance(&self, fallback: Duration) -> Duration {
+        self.smoothed.unwrap_or(fallback) * u32::from(self.reorder_quarters) / 4
+    }
+
+    /// A fast retransmission was unneeded: the allowance grows by a
+    /// quarter of the round trip, up to the whole round trip.
+    pub fn on_reordering(&mut self) {
+        self.reorder_quarters = (self.reorder_quarters + 1).min(4);
     }
 }
 
@@ -483,6 +600,10 @@ pub struct Stats {
     pub fast_retransmissions: u64,
     /// Timer events that found at least one chunk past its timeout.
     pub timeouts: u64,
+    /// Of `retransmissions`, those found unneeded: the chunk's result came
+    /// back sooner after the retransmission than the lowest round trip, so
+    /// it answered the first copy (which had only been slow).
+    pub spurious: u64,
     /// Results accepted that the switch answered from a slot's stored copy
     /// ([`Flags::FROM_CACHE`]): results recovered after a loss.
     pub from_cache: u64,
@@ -495,6 +616,13 @@ pub struct Stats {
     /// Chunks of a float call sent again at a coarser scale because their
     /// fixed-point sum overflowed (see [`crate::float`]); 0 for integer calls.
     pub rescaled: u64,
+    /// The congestion window when the call ended, in chunks (the slots
+    /// without congestion control).
+    pub window: u32,
+    /// The most chunks the call had open at once.
+    pub max_open: u32,
+    /// Times the congestion window shrank during the call.
+    pub window_decreases: u64,
     /// From the creation of the engine to its completion or failure (or to
     /// the last event, while it runs).
     pub elapsed: Duration,
@@ -512,10 +640,14 @@ impl Stats {
         self.retransmissions += other.retransmissions;
         self.fast_retransmissions += other.fast_retransmissions;
         self.timeouts += other.timeouts;
+        self.spurious += other.spurious;
         self.from_cache += other.from_cache;
         self.duplicates += other.duplicates;
         self.ignored += other.ignored;
         self.rescaled += other.rescaled;
+        self.window = other.window;
+        self.max_open = self.max_open.max(other.max_open);
+        self.window_decreases += other.window_decreases;
         self.elapsed += other.elapsed;
     }
 }
@@ -528,14 +660,15 @@ impl std::fmt::Display for Stats {
         let mb = |b: u64| b as f64 / 1e6;
         write!(
             f,
-            "{} chunks, {} sent ({:.1} MB), {} received ({:.1} MB), {} retransmitted, \
-             {} timeouts, {} from cache, {} duplicates, {} ignored, ",
+            "{} chunks, {} sent ({:.1} MB), {} received ({:.1} MB), {} retransmitted \
+             ({} unneeded), {} timeouts, {} from cache, {} duplicates, {} ignored, ",
             self.chunks,
             self.packets_sent,
             mb(self.bytes_sent),
             self.packets_received,
             mb(self.bytes_received),
             self.retransmissions,
+            self.spurious,
             self.timeouts,
             self.from_cache,
             self.duplicates,
@@ -544,21 +677,35 @@ impl std::fmt::Display for Stats {
         if self.rescaled > 0 {
             write!(f, "{} rescaled, ", self.rescaled)?;
         }
-        write!(f, "{:.3} s", self.elapsed.as_secs_f64())
+        write!(
+            f,
+            "window {} (at most {} open, {} decreases), {:.3} s",
+            self.window,
+            self.max_open,
+            self.window_decreases,
+            self.elapsed.as_secs_f64()
+        )
     }
 }
 
 /// The state of a chunk that has been sent and is not yet behind the window.
 #[derive(Clone, Copy, Debug)]
 struct Chunk {
+    /// When its first transmission left.
+    first_sent: Instant,
     /// When its latest transmission left.
     sent_at: Instant,
     /// The timeout of its latest transmission.
     rto: Duration,
     /// When it times out; `None` once queued for retransmission (or done).
     deadline: Option<Instant>,
+    /// Its payload bytes.
+    bytes: usize,
     /// How many times it has been sent.
     transmissions: u32,
+    /// Whether its latest retransmission went at once (not after a
+    /// timeout).
+    fast: bool,
     /// Whether its result has arrived.
     done: bool,
 }
@@ -647,6 +794,16 @@ pub struct Engine<'a, T: Element> {
     config: Config,
     collective: Collective,
     rtt: RttEstimator,
+    congestion: Window,
+    /// Chunks sent whose result has not arrived.
+    open: usize,
+    /// Whether the congestion window, not the slots or the end of the
+    /// call, held back the next chunk when sending last stopped: only then
+    /// do results grow the window.
+    limited: bool,
+    /// With [`trace_window`](Self::trace_window): the window's limit when
+    /// the call started and at every change.
+    trace: Option<Vec<(Instant, u32)>>,
     data: &'a mut [T],
     /// What this rank sends in the call check, and receives when it is
     /// the root of the check's chunks.
@@ -803,6 +960,10 @@ impl<'a, T: Element> Engine<'a, T> {
             config,
             collective,
             rtt: RttEstimator::new(),
+            congestion: Window::new(),
+            open: 0,
+            limited: false,
+            trace: None,
             data,
             check,
             check_expect,
@@ -840,6 +1001,28 @@ impl<'a, T: Element> Engine<'a, T> {
     pub fn with_rtt(mut self, rtt: RttEstimator) -> Self {
         self.rtt = rtt;
         self
+    }
+
+    /// Starts from a congestion window carried over from earlier calls.
+    #[must_use]
+    pub fn with_window(mut self, window: Window) -> Self {
+        self.congestion = window;
+        self
+    }
+
+    /// Records the window's limit at the start and at every change
+    /// ([`window_trace`](Self::window_trace)).
+    #[must_use]
+    pub fn trace_window(mut self) -> Self {
+        let limit = u32::try_from(self.window_limit()).unwrap_or(u32::MAX);
+        self.trace = Some(vec![(self.started, limit)]);
+        self
+    }
+
+    /// The window's limit over time, with
+    /// [`trace_window`](Self::trace_window); empty without.
+    pub fn window_trace(&self) -> &[(Instant, u32)] {
+        self.trace.as_deref().unwrap_or_default()
     }
 
     /// Completes the call even when results carry the overflow flag and
@@ -880,6 +1063,20 @@ impl<'a, T: Element> Engine<'a, T> {
         &self.rtt
     }
 
+    /// The congestion window, to carry over to the next call.
+    pub const fn window(&self) -> &Window {
+        &self.congestion
+    }
+
+    /// How many chunks may be open now: the congestion window, or every
+    /// slot without congestion control.
+    pub fn window_limit(&self) -> usize {
+        match self.config.queue_target {
+            Some(_) => self.congestion.limit(self.member.slots),
+            None => self.member.slots as usize,
+        }
+    }
+
     /// How many chunks the call was cut into, the call check's included.
     pub const fn chunks(&self) -> usize {
         self.chunks
@@ -918,6 +1115,7 @@ impl<'a, T: Element> Engine<'a, T> {
         let end = self.finished.unwrap_or(self.last_event);
         Stats {
             elapsed: end.saturating_duration_since(self.started),
+            window: u32::try_from(self.window_limit()).unwrap_or(u32::MAX),
             ..self.stats
         }
     }
@@ -971,6 +1169,7 @@ impl<'a, T: Element> Engine<'a, T> {
                 continue;
             }
             chunk.transmissions += 1;
+            chunk.fast = !timed_out;
             if timed_out {
                 chunk.rto = chunk.rto.saturating_mul(2).min(max_rto);
             }
@@ -994,14 +1193,23 @@ impl<'a, T: Element> Engine<'a, T> {
         if self.next < self.chunks && self.window_open() {
             let k = self.next;
             self.next += 1;
-            let rto = self.rtt.rto(&self.config);
+            let bytes = self.locate(k).1.len() * T::DTYPE.size();
+            let rto = self.rtt.rto_for(&self.config, bytes);
             self.rto_bound = self.rto_bound.max(rto);
             let at = now + rto;
+            self.open += 1;
+            self.stats.max_open = self
+                .stats
+                .max_open
+                .max(u32::try_from(self.open).unwrap_or(u32::MAX));
             self.window.push_back(Chunk {
+                first_sent: now,
                 sent_at: now,
                 rto,
                 deadline: Some(at),
+                bytes,
                 transmissions: 1,
+                fast: false,
                 done: false,
             });
             self.timers.push(Reverse(Timer {
@@ -1011,6 +1219,8 @@ impl<'a, T: Element> Engine<'a, T> {
             }));
             return Some(self.emit(k, false, buf));
         }
+        self.limited =
+            self.next < self.chunks && self.slot_free() && self.open >= self.window_limit();
         None
     }
 
@@ -1059,6 +1269,7 @@ impl<'a, T: Element> Engine<'a, T> {
         }
         let k = self.base + ahead;
         let (segment, range) = self.locate(k);
+        let bytes = range.len() * T::DTYPE.size();
         let (slot, version) = self.member.slot_of(self.chunk_number(k));
         let notice = repr.flags.contains(Flags::NOTICE);
         let expected_count = if self.expects_payload(&segment) {
@@ -1113,8 +1324,42 @@ impl<'a, T: Element> Engine<'a, T> {
         chunk.done = true;
         chunk.deadline = None;
         let (sent_once, sent_at) = (chunk.transmissions == 1, chunk.sent_at);
+        // A result sooner after the retransmission than any round trip
+        // answers the first copy: the retransmission was not needed, and
+        // the first copy's round trip is a true sample (as TCP's Eifel
+        // detection finds with timestamps).
+        let spurious = chunk.transmissions == 2
+            && !repr.flags.contains(Flags::FROM_CACHE)
+            && self
+                .rtt
+                .lowest()
+                .is_some_and(|lowest| now.saturating_duration_since(sent_at) < lowest);
+        let (sampled_from, fast) = (
+            if spurious { chunk.first_sent } else { sent_at },
+            chunk.fast,
+        );
+        let full = self.limited;
+        self.open -= 1;
+        if spurious {
+            self.stats.spurious += 1;
+            if fast {
+                self.rtt.on_reordering();
+            }
+        }
+        if sent_once || spurious {
+            let rtt = now.saturating_duration_since(sampled_from);
+            self.rtt.sample_sized(rtt, bytes);
+            if let Some(queue_target) = self.config.queue_target {
+                let srtt = self.rtt.smoothed().unwrap_or(rtt);
+                let before = self.congestion.decreases();
+                let sample = Sample { rtt, srtt, bytes };
+                self.congestion
+                    .on_result(now, sample, full, self.member.slots, queue_target);
+                self.stats.window_decreases += self.congestion.decreases() - before;
+                self.note_window(now);
+            }
+        }
         if sent_once {
-            self.rtt.sample(now.saturating_duration_since(sent_at));
             self.on_progress(now, ahead, sent_at);
         }
         self.last_progress = now;
@@ -1155,17 +1400,46 @@ impl<'a, T: Element> Engine<'a, T> {
                 break;
             }
             self.timers.pop();
-            if self.is_live(&timer) {
-                if let Some(chunk) = self.chunk_mut(timer.chunk) {
-                    chunk.deadline = None;
-                }
-                self.retransmit.push_back((timer.chunk, true));
-                fired = true;
+            if !self.is_live(&timer) {
+                continue;
             }
+            let progress = self.last_progress;
+            let Some(chunk) = self.chunk_mut(timer.chunk) else {
+                continue;
+            };
+            // A first copy times out only once no result at all has come
+            // for its timeout, as TCP restarts its timer on every new
+            // acknowledgement: chunks queued behind others (a window of
+            // 64 KB chunks on a slow link) are late, not lost, and a loss
+            // while results flow is found at once (the RACK-like rule).
+            let since_progress = progress + chunk.rto;
+            if chunk.transmissions == 1 && since_progress > now {
+                chunk.deadline = Some(since_progress);
+                self.timers.push(Reverse(Timer {
+                    at: since_progress,
+                    ..timer
+                }));
+                continue;
+            }
+            chunk.deadline = None;
+            self.retransmit.push_back((timer.chunk, true));
+            fired = true;
         }
         self.prune_timers();
         if fired {
             self.stats.timeouts += 1;
+            // A second timeout in a row with nothing at all coming back is
+            // a stall: a queue that overflows before its delay shows. A
+            // single one is what a random loss of the last chunks open costs.
+            let stalled = self.rtt.backoff() > 0 && waited >= self.rtt.rto(&self.config);
+            self.rtt.on_timeout();
+            if self.config.queue_target.is_some() && stalled {
+                let before = self.congestion.decreases();
+                let srtt = self.rtt.smoothed().unwrap_or(self.config.initial_rto);
+                self.congestion.on_stall(now, srtt);
+                self.stats.window_decreases += self.congestion.decreases() - before;
+                self.note_window(now);
+            }
         }
     }
 
@@ -1180,7 +1454,8 @@ impl<'a, T: Element> Engine<'a, T> {
     /// down if some open chunk's is above the current one (`rto_bound`).
     fn on_progress(&mut self, now: Instant, acked_at: usize, acked: Instant) {
         let base_rto = self.rtt.rto(&self.config);
-        let allowance = self.rtt.smoothed().unwrap_or(self.config.min_rto) / 4;
+        let learned = self.rtt.sampled_bytes();
+        let allowance = self.rtt.reorder_allowance(self.config.min_rto);
         // A longer timeout than at the last result (round trips grow with a
         // queue): the open chunks sent once get it too, as TCP re-arms its
         // timer on every acknowledgement, instead of timing out on the
@@ -1201,12 +1476,18 @@ impl<'a, T: Element> Engine<'a, T> {
                 continue;
             }
             let k = self.base + i;
+            // A chunk longer than any sampled keeps the initial timeout.
+            let rto = if chunk.bytes > learned {
+                base_rto.max(self.config.initial_rto)
+            } else {
+                base_rto
+            };
             if chunk.transmissions == 1 && chunk.sent_at + allowance < acked {
                 chunk.deadline = None;
                 self.retransmit.push_back((k, false));
-            } else if grown && chunk.transmissions == 1 && chunk.rto < base_rto {
-                chunk.rto = base_rto;
-                let at = chunk.sent_at + base_rto;
+            } else if grown && chunk.transmissions == 1 && chunk.rto < rto {
+                chunk.rto = rto;
+                let at = chunk.sent_at + rto;
                 if at > deadline {
                     chunk.deadline = Some(at);
                     self.timers.push(Reverse(Timer {
@@ -1215,9 +1496,9 @@ impl<'a, T: Element> Engine<'a, T> {
                         transmission: chunk.transmissions,
                     }));
                 }
-            } else if chunk.rto > base_rto {
-                chunk.rto = base_rto;
-                let at = (chunk.sent_at + base_rto).max(now).min(deadline);
+            } else if chunk.rto > rto {
+                chunk.rto = rto;
+                let at = (chunk.sent_at + rto).max(now).min(deadline);
                 if at < deadline {
                     chunk.deadline = Some(at);
                     self.timers.push(Reverse(Timer {
@@ -1227,6 +1508,16 @@ impl<'a, T: Element> Engine<'a, T> {
                     }));
                 }
             }
+        }
+    }
+
+    /// Adds the window's limit to the trace if it changed.
+    fn note_window(&mut self, now: Instant) {
+        let limit = u32::try_from(self.window_limit()).unwrap_or(u32::MAX);
+        if let Some(trace) = &mut self.trace
+            && trace.last().is_none_or(|&(_, last)| last != limit)
+        {
+            trace.push((now, limit));
         }
     }
 
@@ -1285,8 +1576,15 @@ impl<'a, T: Element> Engine<'a, T> {
         k < self.base || self.window.get(k - self.base).is_some_and(|c| c.done)
     }
 
-    /// Whether chunk `next` may go: the result of `next - W` is in.
+    /// Whether chunk `next` may go: its slot copy is free and the
+    /// congestion window has room.
     fn window_open(&self) -> bool {
+        self.slot_free() && self.open < self.window_limit()
+    }
+
+    /// Whether the slot copy of chunk `next` is free: the result of
+    /// `next - W` is in.
+    fn slot_free(&self) -> bool {
         let w = self.member.slots as usize;
         self.next < w || self.is_chunk_done(self.next - w)
     }
@@ -1417,16 +1715,21 @@ mod tests {
             retransmissions: 1,
             fast_retransmissions: 0,
             timeouts: 1,
+            spurious: 0,
             from_cache: 1,
             duplicates: 0,
             ignored: 2,
             rescaled: 0,
+            window: 5,
+            max_open: 6,
+            window_decreases: 1,
             elapsed: Duration::from_millis(1500),
         };
         assert_eq!(
             stats.to_string(),
-            "3 chunks, 4 sent (2.5 MB), 3 received (1.2 MB), 1 retransmitted, 1 timeouts, \
-             1 from cache, 0 duplicates, 2 ignored, 1.500 s"
+            "3 chunks, 4 sent (2.5 MB), 3 received (1.2 MB), 1 retransmitted (0 unneeded), \
+             1 timeouts, 1 from cache, 0 duplicates, 2 ignored, window 5 (at most 6 open, 1 decreases), \
+             1.500 s"
         );
     }
 
@@ -1475,6 +1778,7 @@ mod tests {
         }
         assert_eq!(engine.base, checks, "the check passed");
         engine.rtt = RttEstimator::new();
+        engine.congestion = Window::new();
         engine
     }
 
@@ -1688,8 +1992,74 @@ mod tests {
     }
 
     #[test]
+    fn a_result_that_answers_the_first_copy_marks_the_retransmission_unneeded() {
+        let t0 = Instant::now();
+        let mut data = [1, 2, 3, 4];
+        let mut engine = start(member(0, 2, 1, 4), Config::default(), 0, &mut data, t0);
+        let chunks: Vec<Repr> = (0..3)
+            .map(|i| sent(&mut engine, t0 + i * MS).expect("a chunk").0)
+            .collect();
+        // Chunk 1 (sent at 1 ms) comes back at 2 ms: 1 ms round trip, a
+        // quarter of it allowed for reordering; chunk 0 goes again.
+        engine.handle_packet(t0 + 2 * MS, &result(&chunks[1], &[4], 0));
+        assert_eq!(engine.rtt().reorder_allowance(MS), MS / 4);
+        let (again, _, _) = sent(&mut engine, t0 + 2 * MS).expect("chunk 0 again");
+        assert_eq!(again.seq, 0);
+        // Its first copy's result, 0.1 ms later: sooner than any round
+        // trip after the retransmission, so it answers the first copy.
+        let at = t0 + 2 * MS + MS / 10;
+        engine.handle_packet(at, &result(&chunks[0], &[2], 0));
+        let stats = engine.stats();
+        assert_eq!((stats.retransmissions, stats.spurious), (1, 1));
+        // The first copy's 2.1 ms is a sample, and reordering is allowed
+        // half a round trip from now on.
+        let srtt = engine.rtt().smoothed().unwrap();
+        assert!(srtt > MS, "{srtt:?}");
+        assert_eq!(engine.rtt().reorder_allowance(MS), srtt / 2);
+        // A result that comes a round trip after the retransmission is no
+        // such evidence.
+        let (last, _, _) = sent(&mut engine, at).expect("chunk 3");
+        engine.handle_packet(at + MS, &result(&chunks[2], &[6], 0));
+        let (again, deadline) = loop {
+            let deadline = engine.poll_timeout().unwrap();
+            engine.handle_timeout(deadline);
+            if let Some((again, _, _)) = sent(&mut engine, deadline) {
+                break (again, deadline);
+            }
+        };
+        assert_eq!(again.seq, last.seq);
+        engine.handle_packet(deadline + 2 * MS, &result(&last, &[8], 0));
+        assert_eq!(engine.stats().spurious, 1);
+        assert!(engine.take_outcome().unwrap().is_ok());
+    }
+
+    #[test]
+    fn a_timeout_backs_off_the_chunks_sent_after_it_until_a_sample() {
+        let config = Config {
+            initial_rto: 10 * MS,
+            max_rto: 100 * MS,
+            ..Config::default()
+        };
+        let mut rtt = RttEstimator::new();
+        assert_eq!(rtt.rto(&config), 10 * MS);
+        rtt.on_timeout();
+        assert_eq!(rtt.rto(&config), 20 * MS);
+        for _ in 0..10 {
+            rtt.on_timeout();
+        }
+        assert_eq!(rtt.rto(&config), 100 * MS, "at most max_rto");
+        rtt.sample(12 * MS);
+        assert_eq!(rtt.backoff(), 0);
+        // 12 ms + 4 x 6 ms.
+        assert_eq!(rtt.rto(&config), 36 * MS);
+    }
+
+    #[test]
     fn open_chunks_take_a_timeout_that_grew_with_the_round_trip() {
-        let config = Config::default();
+        let config = Config {
+            initial_rto: 10 * MS,
+            ..Config::default()
+        };
         let t0 = Instant::now();
         let mut data = [1, 2, 3];
         let mut engine = start(member(0, 2, 1, 4), config, 0, &mut data, t0);
@@ -1706,9 +2076,13 @@ mod tests {
         engine.handle_timeout(t0 + 30 * MS);
         assert!(sent(&mut engine, t0 + 30 * MS).is_none(), "nothing resent");
         assert_eq!(engine.stats().retransmissions, 0);
-        // Past the grown timeout they go again.
+        // At the grown timeout they wait on: it counts from the last result
+        // too, as TCP restarts its timer on every acknowledgement.
         engine.handle_timeout(t0 + 60 * MS);
-        let (again, _, _) = sent(&mut engine, t0 + 60 * MS).expect("a retransmission");
+        assert!(sent(&mut engine, t0 + 60 * MS).is_none(), "nothing resent");
+        assert_eq!(engine.poll_timeout(), Some(t0 + 80 * MS));
+        engine.handle_timeout(t0 + 80 * MS);
+        let (again, _, _) = sent(&mut engine, t0 + 80 * MS).expect("a retransmission");
         assert!(again.flags.contains(Flags::RETRANSMIT));
     }
 
@@ -1747,9 +2121,59 @@ mod tests {
     }
 
     #[test]
+    fn the_congestion_window_opens_with_results_and_shuts_on_long_round_trips() {
+        let t0 = Instant::now();
+        let mut data = vec![0; 64];
+        let mut engine = start(member(0, 1, 1, 16), Config::default(), 0, &mut data, t0);
+        let burst = |engine: &mut Engine<'_, i32>, now| {
+            std::iter::from_fn(|| sent(engine, now)).collect::<Vec<_>>()
+        };
+        let first = burst(&mut engine, t0);
+        assert_eq!(first.len(), 4, "the initial window, not the 16 slots");
+        // Slow start: each result of a full window opens two chunks.
+        let mut now = t0 + MS;
+        engine.handle_packet(now, &result(&first[0].0, &[0], 0));
+        assert_eq!(burst(&mut engine, now).len(), 2);
+        assert_eq!(engine.window_limit(), 5);
+        for (repr, _, _) in &first[1..] {
+            engine.handle_packet(now, &result(repr, &[0], 0));
+        }
+        let open = burst(&mut engine, now);
+        assert_eq!(engine.window_limit(), 8);
+        assert_eq!(open.len() + 2, 8, "as many open as the window");
+        // A round of round trips of 11 ms against a target of 2 ms (1 ms
+        // lowest plus the 1 ms queue target): the window stops growing, and
+        // shrinks once the round is over, by half at most.
+        now = t0 + 12 * MS;
+        for (repr, _, _) in &open {
+            engine.handle_packet(now, &result(repr, &[0], 0));
+        }
+        assert_eq!(engine.window_limit(), 8);
+        let next = burst(&mut engine, now);
+        engine.handle_packet(t0 + 24 * MS, &result(&next[0].0, &[0], 0));
+        assert_eq!(engine.window_limit(), 4);
+        assert_eq!(engine.stats().window_decreases, 1);
+        assert_eq!(engine.stats().max_open, 8);
+    }
+
+    #[test]
+    fn without_congestion_control_every_slot_is_open() {
+        let t0 = Instant::now();
+        let mut data = vec![0; 64];
+        let fixed = Config {
+            queue_target: None,
+            ..Config::default()
+        };
+        let mut engine = start(member(0, 1, 1, 16), fixed, 0, &mut data, t0);
+        assert_eq!(std::iter::from_fn(|| sent(&mut engine, t0)).count(), 16);
+        assert_eq!(engine.stats().window, 16);
+    }
+
+    #[test]
     fn no_progress_for_give_up_fails_naming_the_outstanding_seqs() {
         let config = Config {
             give_up: Duration::from_secs(1),
+            queue_target: None,
             ..Config::default()
         };
         let t0 = Instant::now();
@@ -1964,15 +2388,12 @@ mod tests {
             ..member(1, 2, 2, 16)
         };
         let mut data = [1, 2, 3, 4, 5, 6];
-        let mut engine = Engine::new(
-            rs,
-            Config::default(),
-            Collective::ReduceScatter,
-            0,
-            &mut data,
-            t0,
-        )
-        .unwrap();
+        let fixed = Config {
+            queue_target: None,
+            ..Config::default()
+        };
+        let mut engine =
+            Engine::new(rs, fixed, Collective::ReduceScatter, 0, &mut data, t0).unwrap();
         // Two checks (one per root, 4 chunks each) and parts of 3 elements
         // (2 chunks each).
         assert_eq!(engine.chunks(), 8 + 4);

@@ -366,12 +366,18 @@ impl GroupCluster {
         loop {
             events += 1;
             let now = self.now;
-            for engine in engines.iter_mut().flatten() {
+            for (engine, rank) in engines.iter_mut().zip(0u8..) {
+                let Some(engine) = engine else { continue };
                 if engine.poll_timeout().is_some_and(|t| t <= now) {
                     engine.handle_timeout(now);
                 }
                 while let Some(len) = engine.poll_transmit(now, &mut buf) {
-                    self.net.send(now, Endpoint::Switch, buf[..len].to_vec());
+                    self.net.send(
+                        now,
+                        Endpoint::Rank(rank),
+                        Endpoint::Switch,
+                        buf[..len].to_vec(),
+                    );
                 }
             }
             let mut arrived = false;
@@ -380,7 +386,8 @@ impl GroupCluster {
                 match to {
                     Endpoint::Switch => {
                         for (rank, out) in self.switch.handle(&datagram) {
-                            self.net.send(now, Endpoint::Rank(rank), out);
+                            self.net
+                                .send(now, Endpoint::Switch, Endpoint::Rank(rank), out);
                         }
                     }
                     Endpoint::Rank(rank) => {

@@ -95,6 +95,7 @@
 
 pub mod anycast;
 pub mod call;
+pub mod congestion;
 pub mod engine;
 mod error;
 pub mod float;
@@ -105,6 +106,7 @@ mod tokio_driver;
 pub mod udp;
 
 pub use call::Scalar;
+pub use congestion::Window;
 pub use engine::{Collective, Config, Element, Engine, Member, Mode, RttEstimator, Stats};
 pub use error::{Error, GroupStall, SeqList};
 pub use group::{GroupCollective, GroupEngine, GroupParams};

@@ -34,6 +34,7 @@ use xina_proto::header::SLOT_VERSION_BIT;
 use xina_proto::{DType, Flags, Kind, MAX_RANKS, Op, Packet, Repr};
 
 use crate::call::{Plan, Scalar, StepData, StepOutcome};
+use crate::congestion::Window;
 use crate::engine::{
     Collective, Config, Element, Engine, MAX_DATAGRAM_LEN, Member, Mode, RttEstimator, Stats,
 };
@@ -511,7 +512,14 @@ fn result(to: &Repr, copy: &SlotCopy, dtype: DType, from_cache: bool) -> Vec<u8>
 }
 
 /// The faults of the simulated network, applied to every datagram
-/// independently.
+/// independently, and the links' rate.
+///
+/// Every worker has a link of its own to the switch, one queue each way.
+/// With a rate, a datagram waits behind the bytes queued before it on its
+/// link, takes its serialization time (its length plus
+/// [`FRAME_OVERHEAD`] bytes at the rate), and is dropped when the queue
+/// would hold more than `queue_bytes` with it (tail drop; an empty queue
+/// takes any frame); then the faults apply to it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LinkConfig {
     /// Probability that a datagram is lost.
@@ -525,7 +533,16 @@ pub struct LinkConfig {
     pub latency: Duration,
     /// The most extra delay of a reordered (or duplicated) datagram.
     pub reorder_delay: Duration,
+    /// Every link's rate in each direction, bits per second; `None`: no
+    /// limit (a datagram takes just the latency).
+    pub rate_bps: Option<u64>,
+    /// With a rate: the bytes a link's queue holds before it drops.
+    pub queue_bytes: u64,
 }
+
+/// Bytes each frame carries besides the xina datagram: Ethernet, IPv4
+/// and UDP headers.
+pub const FRAME_OVERHEAD: u64 = 14 + 20 + 8;
 
 impl LinkConfig {
     /// No loss, duplication or reordering; 10 µs one way.
@@ -536,6 +553,18 @@ impl LinkConfig {
             reorder: 0.0,
             latency: Duration::from_micros(10),
             reorder_delay: Duration::from_micros(500),
+            rate_bps: None,
+            queue_bytes: 4 << 20,
+        }
+    }
+
+    /// A perfect network whose links carry `mbit` Mbit/s each way, with
+    /// queues of `queue_bytes`.
+    pub const fn shaped(mbit: u64, queue_bytes: u64) -> Self {
+        Self {
+            rate_bps: Some(mbit * 1_000_000),
+            queue_bytes,
+            ..Self::perfect()
         }
     }
 
@@ -577,6 +606,8 @@ pub struct NetStats {
     pub duplicated: u64,
     /// Datagrams held back to be reordered.
     pub reordered: u64,
+    /// Datagrams dropped because their link's queue was full.
+    pub overflowed: u64,
     /// Datagrams handed out by [`Network::pop_arrived`].
     pub delivered: u64,
 }
@@ -597,6 +628,9 @@ pub struct Network {
     rng: SplitMix64,
     in_flight: BinaryHeap<Reverse<InFlight>>,
     order: u64,
+    /// With a rate: when each link (sender, receiver) has sent what it
+    /// holds.
+    busy_until: HashMap<(Endpoint, Endpoint), Instant>,
     stats: NetStats,
 }
 
@@ -608,6 +642,7 @@ impl Network {
             rng: SplitMix64::new(seed),
             in_flight: BinaryHeap::new(),
             order: 0,
+            busy_until: HashMap::new(),
             stats: NetStats::default(),
         }
     }
@@ -617,10 +652,29 @@ impl Network {
         &self.stats
     }
 
-    /// Sends `datagram` to `to` at time `now`: it is lost, or arrives after
-    /// the latency (plus a random extra delay if reordered), maybe twice.
-    pub fn send(&mut self, now: Instant, to: Endpoint, datagram: Vec<u8>) {
+    /// Sends `datagram` from `from` to `to` at time `now`: with a rate it
+    /// queues on the link between them (or is dropped when the queue is
+    /// full); then it is lost, or arrives after the latency (plus a random
+    /// extra delay if reordered), maybe twice.
+    pub fn send(&mut self, now: Instant, from: Endpoint, to: Endpoint, datagram: Vec<u8>) {
         self.stats.sent += 1;
+        let now = match self.link.rate_bps {
+            None => now,
+            Some(rate) => {
+                let busy = self.busy_until.entry((from, to)).or_insert(now);
+                let start = (*busy).max(now);
+                let queued =
+                    start.duration_since(now).as_nanos() * u128::from(rate) / 8_000_000_000;
+                let bytes = datagram.len() as u64 + FRAME_OVERHEAD;
+                if queued > 0 && queued + u128::from(bytes) > u128::from(self.link.queue_bytes) {
+                    self.stats.overflowed += 1;
+                    return;
+                }
+                let nanos = u128::from(bytes) * 8_000_000_000 / u128::from(rate);
+                *busy = start + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+                *busy
+            }
+        };
         if self.rng.chance(self.link.loss) {
             self.stats.lost += 1;
             return;
@@ -784,6 +838,7 @@ pub struct Cluster {
     now: Instant,
     next_chunk: Vec<u64>,
     rtt: Vec<RttEstimator>,
+    window: Vec<Window>,
 }
 
 impl Cluster {
@@ -819,8 +874,25 @@ impl Cluster {
             now: origin,
             next_chunk: vec![0; ranks],
             rtt: vec![RttEstimator::new(); ranks],
+            window: vec![Window::new(); ranks],
             config,
         }
+    }
+
+    /// The round-trip estimate `rank` carries to its next call.
+    ///
+    /// # Panics
+    /// If there is no such rank.
+    pub fn rtt(&self, rank: u8) -> &RttEstimator {
+        &self.rtt[usize::from(rank)]
+    }
+
+    /// The congestion window `rank` carries to its next call.
+    ///
+    /// # Panics
+    /// If there is no such rank.
+    pub fn window(&self, rank: u8) -> &Window {
+        &self.window[usize::from(rank)]
     }
 
     /// The simulated time since the cluster was created.
@@ -1022,7 +1094,8 @@ impl Cluster {
                         now,
                     )
                     .expect("a call the job supports")
-                    .with_rtt(self.rtt[r]);
+                    .with_rtt(self.rtt[r])
+                    .with_window(self.window[r]);
                     engines[r] = Some(if tolerate_overflow {
                         engine.tolerate_overflow()
                     } else {
@@ -1034,9 +1107,11 @@ impl Cluster {
                 if engine.poll_timeout().is_some_and(|t| t <= now) {
                     engine.handle_timeout(now);
                 }
+                let from = Endpoint::Rank(engine.member().rank);
                 while let Some(len) = engine.poll_transmit(now, &mut buf) {
                     events += 1;
-                    self.net.send(now, Endpoint::Switch, buf[..len].to_vec());
+                    self.net
+                        .send(now, from, Endpoint::Switch, buf[..len].to_vec());
                 }
             }
             let mut arrived = false;
@@ -1054,7 +1129,8 @@ impl Cluster {
                         };
                         for rank in ranks {
                             let copy = self.switch.copy_for(rank, &reply.datagram);
-                            self.net.send(now, Endpoint::Rank(rank), copy);
+                            self.net
+                                .send(now, Endpoint::Switch, Endpoint::Rank(rank), copy);
                         }
                     }
                     Endpoint::Rank(rank) => {
@@ -1071,6 +1147,7 @@ impl Cluster {
                 if let Some(outcome) = engine.take_outcome() {
                     self.next_chunk[r] = engine.next_chunk();
                     self.rtt[r] = *engine.rtt();
+                    self.window[r] = *engine.window();
                     let overflowed = engine.overflowed();
                     outcomes[r] = Some(outcome.map(|stats| StepOutcome { stats, overflowed }));
                     engines[r] = None;

@@ -70,6 +70,11 @@ impl AsyncWorker {
         &self.core.rtt
     }
 
+    /// The congestion window carried from call to call.
+    pub const fn window(&self) -> &crate::congestion::Window {
+        &self.core.window
+    }
+
     /// See [`Worker::allreduce`](crate::Worker::allreduce).
     ///
     /// # Errors

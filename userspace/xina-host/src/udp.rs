@@ -63,6 +63,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use crate::call::{Scalar, Step, StepData, StepOutcome};
+use crate::congestion::Window;
 use crate::engine::{
     Collective, Config, Element, Engine, MAX_DATAGRAM_LEN, Member, Mode, RttEstimator, Stats,
     datagram_len,
@@ -170,6 +171,9 @@ pub(crate) struct Core {
     pub(crate) config: Config,
     pub(crate) next_chunk: u64,
     pub(crate) rtt: RttEstimator,
+    pub(crate) window: Window,
+    /// The congestion window over time, while tracing.
+    pub(crate) trace: Option<Vec<(Instant, u32)>>,
     pub(crate) tx: TxQueue,
     pub(crate) rx: RxBatch,
 }
@@ -189,6 +193,8 @@ impl Core {
             config,
             next_chunk: 0,
             rtt: RttEstimator::new(),
+            window: Window::new(),
+            trace: None,
             tx: TxQueue::new(datagram_len(params.dtype, params.elems_per_packet)),
             rx: RxBatch::new(datagram_len(params.dtype, params.elems_per_packet)),
         };
@@ -222,7 +228,13 @@ impl Core {
             data,
             Instant::now(),
         )?
-        .with_rtt(self.rtt);
+        .with_rtt(self.rtt)
+        .with_window(self.window);
+        let engine = if self.trace.is_some() {
+            engine.trace_window()
+        } else {
+            engine
+        };
         self.next_chunk = engine.next_chunk();
         Ok(if tolerate_overflow {
             engine.tolerate_overflow()
@@ -239,6 +251,10 @@ impl Core {
         outcome: Result<Stats, Error>,
     ) -> Result<StepOutcome, Error> {
         self.rtt = *engine.rtt();
+        self.window = *engine.window();
+        if let Some(trace) = &mut self.trace {
+            trace.extend_from_slice(engine.window_trace());
+        }
         if !self.tx.is_empty() {
             // Only a failed send leaves datagrams queued; they carry chunks of
             // this call, which no later call may send.
@@ -345,6 +361,26 @@ impl Worker {
     /// The round-trip estimate carried from call to call.
     pub const fn rtt(&self) -> &RttEstimator {
         &self.core.rtt
+    }
+
+    /// The congestion window carried from call to call.
+    pub const fn window(&self) -> &Window {
+        &self.core.window
+    }
+
+    /// Starts (or stops) recording the congestion window's limit over the
+    /// following calls: at each call's start and at every change.
+    pub fn trace_window(&mut self, on: bool) {
+        self.core.trace = on.then(Vec::new);
+    }
+
+    /// What was recorded since tracing started or was last taken.
+    pub fn take_window_trace(&mut self) -> Vec<(Instant, u32)> {
+        self.core
+            .trace
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Combines `data` over the job's ranks with the job's operation, in

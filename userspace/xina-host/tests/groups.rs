@@ -187,6 +187,8 @@ fn a_dead_receiver_is_named_by_the_root_and_does_not_block_the_others() {
     let fan_in = 4;
     let mut config = GroupClusterConfig::new(fan_in, 100, 8);
     config.engine.give_up = Duration::from_millis(500);
+    // Timeouts (and the receivers' probes) well inside that give-up.
+    config.engine.initial_rto = Duration::from_millis(10);
     config.link = LinkConfig::lossy(0.01, 0.0, 0.0);
     config.dead = 1 << 2;
     let mut cluster = GroupCluster::new(config);

@@ -7,9 +7,10 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
+use xina_host::congestion::INITIAL_WINDOW;
 use xina_host::sim::{
-    Cluster, ClusterConfig, Destination, JobConfig, LinkConfig, Reply, Round, SplitMix64, Stalled,
-    SwitchModel, SwitchStats,
+    Cluster, ClusterConfig, Destination, FRAME_OVERHEAD, JobConfig, LinkConfig, Reply, Round,
+    SplitMix64, Stalled, SwitchModel, SwitchStats,
 };
 use xina_host::{Error, Stats};
 use xina_proto::header::HEADER_LEN;
@@ -235,8 +236,8 @@ fn a_dead_peer_makes_every_other_rank_give_up_naming_the_outstanding_seqs() {
             assert!(round.outcomes[2].is_none());
             assert_eq!(buffers[2], before[2], "the dead rank's buffer is untouched");
             // The 2 check chunks and 30 data chunks, as far as the window
-            // lets them go.
-            let in_flight = (slots as usize).min(32);
+            // lets them go: a fresh worker's congestion window.
+            let in_flight = (slots as usize).min(INITIAL_WINDOW as usize);
             let expected: Vec<u32> = (0..in_flight.min(16) as u32).collect();
             for rank in [0, 1, 3] {
                 assert_eq!(gave_up(&round, rank), (0, expected.clone(), in_flight));
@@ -256,6 +257,8 @@ fn a_dead_peer_makes_every_other_rank_give_up_naming_the_outstanding_seqs() {
 fn a_peer_that_dies_between_calls_is_reported_at_the_next_seqs() {
     let mut config = ClusterConfig::new(3, 4, 4);
     config.engine.give_up = Duration::from_millis(500);
+    // Every slot open, whatever the first call left the window at.
+    config.engine.queue_target = None;
     config.link = LinkConfig::lossy(0.02, 0.0, 0.0);
     config.seed = 5;
     let mut cluster = Cluster::new(config);
@@ -670,6 +673,82 @@ fn max_min_and_int64_sums_follow_the_dataplane() {
     );
 }
 
+/// The time `len` int32 take on one link of `mbit` Mbit/s at `elems` per
+/// packet: every chunk's datagram with its frame overhead, the call check
+/// included.
+fn link_bound(len: usize, elems: usize, mbit: u64) -> Duration {
+    let chunks = chunks_of(len, elems);
+    let bytes = (4 * (len + 8)) as u64 + chunks * (HEADER_LEN as u64 + FRAME_OVERHEAD);
+    Duration::from_nanos(bytes * 8_000 / mbit)
+}
+
+#[test]
+fn the_window_fills_a_shaped_link_without_resending_whatever_its_rate() {
+    // 9 KB and 64 KB frames; queues of 4 MiB, as the testbed's shaper.
+    // At 100 Mbit/s a 64 KB frame takes 5 ms each way, longer than the
+    // first timeout.
+    let cases = [
+        (100, 2235, 64),
+        (500, 2235, 64),
+        (2000, 2235, 64),
+        (100, 16128, 16),
+        (500, 16128, 16),
+    ];
+    for (mbit, elems, slots) in cases {
+        for fan_in in [2, 8] {
+            let mut config = ClusterConfig::new(fan_in, elems, slots);
+            config.link = LinkConfig::shaped(mbit, 4 << 20);
+            let mut cluster = Cluster::new(config);
+            let len = 1 << 20;
+            let bound = link_bound(len, usize::from(elems), mbit);
+            for call in 0..2 {
+                let start = cluster.elapsed();
+                let stats = allreduce_exact(&mut cluster, fan_in, len, call);
+                let took = cluster.elapsed() - start;
+                let case =
+                    format!("{mbit} Mbit/s, {elems} per packet, {fan_in} ranks, call {call}");
+                assert!(
+                    took.as_secs_f64() <= 1.05 * bound.as_secs_f64(),
+                    "{case}: {took:?} against a link bound of {bound:?}"
+                );
+                let resent: u64 = stats.iter().map(|s| s.retransmissions).sum();
+                assert_eq!(resent, 0, "{case}");
+                assert!(
+                    stats.iter().all(|s| s.window < slots),
+                    "{case}: the windows stayed below the {slots} slots: {:?}",
+                    stats.iter().map(|s| s.window).collect::<Vec<_>>()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn without_congestion_control_a_shaped_link_queues_the_whole_window() {
+    let (mbit, elems, slots) = (500, 2235, 64);
+    let mut rtts = Vec::new();
+    for fixed in [false, true] {
+        let mut config = ClusterConfig::new(2, elems, slots);
+        config.link = LinkConfig::shaped(mbit, 4 << 20);
+        if fixed {
+            config.engine.queue_target = None;
+        }
+        let mut cluster = Cluster::new(config);
+        let stats = allreduce_exact(&mut cluster, 2, 1 << 20, 0);
+        rtts.push((stats[0].max_open, cluster.rtt(0).smoothed().unwrap()));
+    }
+    let [(adaptive_open, adaptive), (fixed_open, fixed)] = rtts[..] else {
+        unreachable!()
+    };
+    assert_eq!(fixed_open, slots);
+    assert!(adaptive_open < slots / 2, "{adaptive_open} open");
+    // 64 chunks of 9 KB queue 9 ms behind 500 Mbit/s; the window keeps
+    // the round trip near its target (the 1 ms queue target over the
+    // lowest round trip).
+    assert!(fixed > 5 * adaptive, "{fixed:?} against {adaptive:?}");
+    assert!(adaptive < Duration::from_millis(2), "{adaptive:?}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -679,11 +758,17 @@ proptest! {
         elems in prop_oneof![1u16..=16, 17u16..=256],
         slots in 1u32..=12,
         fan_in in 1u8..=5,
-        loss in prop_oneof![Just(0.0), 0.0f64..0.1],
+        loss in prop_oneof![Just(0.0), 0.0f64..0.2],
+        rate in prop_oneof![Just(None), (1u64..=2000).prop_map(Some)],
+        queue_bytes in 2_000u64..=200_000,
         seed in any::<u64>(),
     ) {
         let mut config = ClusterConfig::new(fan_in, elems, slots);
-        config.link = LinkConfig::lossy(loss, 0.02, 0.1);
+        config.link = LinkConfig {
+            rate_bps: rate.map(|mbit| mbit * 1_000_000),
+            queue_bytes,
+            ..LinkConfig::lossy(loss, 0.02, 0.1)
+        };
         config.seed = seed;
         let mut cluster = Cluster::new(config);
         allreduce_exact(&mut cluster, fan_in, len, seed);
