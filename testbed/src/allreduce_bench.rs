@@ -104,7 +104,7 @@ pub const GOAL_LOSS_PCT: f64 = 1.0;
 pub const GOAL_GOODPUT_RATIO: f64 = 0.8;
 
 /// An allreduce implementation under test.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Impl {
     /// Through the XDP switch (`xina_host::Worker::allreduce_i32`).
@@ -159,6 +159,11 @@ pub struct AllreduceBenchSpec {
     /// xina's aggregator slots (the workers' window); `None`: about 1 MiB
     /// of chunks in flight per worker, 4 to 64 slots ([`window_for`]).
     pub slots: Option<u32>,
+    /// xina's congestion control: `false` keeps every slot open, as before
+    /// the workers had a congestion window.
+    pub fixed_window: bool,
+    /// xina's `Config::queue_target`; `None`: the library's default.
+    pub queue_target: Option<Duration>,
     /// How long an xina worker waits without progress before failing.
     pub give_up: Duration,
     /// How long a ring rank waits for a neighbour that does not move.
@@ -184,6 +189,8 @@ impl Default for AllreduceBenchSpec {
             frames: vec![1500],
             elems_per_packet: None,
             slots: None,
+            fixed_window: false,
+            queue_target: None,
             give_up: Duration::from_secs(5),
             ring_timeout: Duration::from_secs(10),
             seed: 1,
@@ -223,20 +230,15 @@ impl AllreduceBenchSpec {
             );
         }
         ensure!(!self.impls.is_empty(), "impls: none given");
+        ensure!(
+            self.queue_target.is_none_or(|t| !t.is_zero()),
+            "queue-target: must be positive"
+        );
         if let Some(rate) = self.rate_mbit {
-            ensure!(
-                (1..=shape::MAX_RATE_MBIT).contains(&rate),
-                "rate: {rate} Mbit/s (must be 1..={})",
-                shape::MAX_RATE_MBIT
-            );
+            shape::check_rate(rate, self.frames.iter().copied())?;
             ensure!(
                 self.losses.iter().all(|&l| l == 0.0),
                 "rate: cannot be combined with loss (both take the root qdisc of the worker links)"
-            );
-            ensure!(
-                self.frames.iter().all(|&f| f > 1500),
-                "rate: needs frames above 1500 (at 1500 xina's results leave the switch by \
-                 XDP redirect, which bypasses the shaper)"
             );
         }
         ensure!(!self.frames.is_empty(), "frame: none given");
@@ -301,6 +303,26 @@ pub struct Record {
     /// chunk's result came back first (`Stats::fast_retransmissions`); the
     /// others went after their timeout. `None` for the TCP baselines.
     pub fast_retransmits: Option<u64>,
+    /// xina: the largest congestion window (chunks) a rank ended a measured
+    /// repetition with, median over repetitions (the slots with
+    /// `fixed_window`). `None` for the TCP baselines.
+    pub window: Option<u32>,
+    /// xina: the most chunks one rank had open at once, over the measured
+    /// repetitions.
+    pub max_open: Option<u32>,
+    /// xina: how often the ranks' congestion windows shrank, summed over
+    /// ranks and measured repetitions.
+    pub window_decreases: Option<u64>,
+    /// xina: whether its workers kept every slot open (no congestion
+    /// control).
+    pub fixed_window: bool,
+    /// xina: the largest smoothed round trip (send to result) a rank ended
+    /// the last measured repetition with, microseconds: the queue the
+    /// window keeps.
+    pub srtt_us: Option<f64>,
+    /// xina: rank 0's congestion window over the last measured repetition,
+    /// `(milliseconds into it, chunks)` at its start and at every change.
+    pub window_trace: Option<Vec<(f64, u32)>>,
     /// Frames dropped by the lossy links, percent (each direction).
     pub loss: f64,
     /// Measured repetitions.
@@ -543,6 +565,12 @@ fn run_on(
                 },
                 bind: SocketAddrV4::new(star.worker(rank).ip, WORKER_PORT),
                 give_up: spec.give_up,
+                queue_target: if spec.fixed_window {
+                    None
+                } else {
+                    spec.queue_target
+                        .or(xina_host::Config::default().queue_target)
+                },
                 addrs: &addrs,
                 ring_ns: stars.plain.worker(rank).ns(),
                 ring_timeout: spec.ring_timeout,
@@ -578,6 +606,8 @@ struct RankSetup<'a> {
     params: JobParams,
     bind: SocketAddrV4,
     give_up: Duration,
+    /// xina's queue target; `None`: every slot open.
+    queue_target: Option<Duration>,
     addrs: &'a [SocketAddrV4],
     /// Where the ring's sockets live: this rank's namespace of the plain star.
     ring_ns: &'a NetNs,
@@ -605,6 +635,15 @@ struct RankResult {
     end: Instant,
     retransmits: u64,
     fast_retransmits: u64,
+    /// xina's congestion window at the end, the most chunks it had open,
+    /// how often the window shrank.
+    window: u32,
+    max_open: u32,
+    window_decreases: u64,
+    /// Rank 0's congestion window over the repetition (xina).
+    window_trace: Vec<(f64, u32)>,
+    /// The smoothed round trip at the end, microseconds (xina).
+    srtt_us: f64,
     outcome: Result<(), String>,
 }
 
@@ -620,6 +659,7 @@ fn rank_loop(
     let ready = (|| -> anyhow::Result<(Worker, RingRank)> {
         let config = xina_host::Config {
             give_up: setup.give_up,
+            queue_target: setup.queue_target,
             ..Default::default()
         };
         let worker = Worker::new(setup.params, setup.bind, config)
@@ -647,15 +687,22 @@ fn rank_loop(
     };
     while let Ok(cmd) = commands.recv() {
         let mut bufs: Vec<Vec<i32>> = (0..cmd.iters).map(|_| cmd.input.to_vec()).collect();
+        worker.trace_window(rank == 0 && cmd.which == Impl::Xina);
         barrier.wait();
         let start = Instant::now();
         let (mut retransmits, mut fast_retransmits) = (0, 0);
+        let (mut window, mut max_open, mut window_decreases) = (0, 0, 0);
         let mut outcome = Ok(());
         for buf in &mut bufs {
             let done = match cmd.which {
                 Impl::Xina => worker
                     .allreduce_i32(buf)
-                    .map(|s| (s.retransmissions, s.fast_retransmissions))
+                    .map(|s| {
+                        window = s.window;
+                        max_open = max_open.max(s.max_open);
+                        window_decreases += s.window_decreases;
+                        (s.retransmissions, s.fast_retransmissions)
+                    })
                     .map_err(|e| e.to_string()),
                 Impl::Ring => ring
                     .allreduce_i32(buf)
@@ -684,6 +731,18 @@ fn rank_loop(
             end,
             retransmits,
             fast_retransmits,
+            window,
+            max_open,
+            window_decreases,
+            srtt_us: worker
+                .rtt()
+                .smoothed()
+                .map_or(0.0, |d| d.as_secs_f64() * 1e6),
+            window_trace: worker
+                .take_window_trace()
+                .into_iter()
+                .map(|(t, w)| (t.saturating_duration_since(start).as_secs_f64() * 1e3, w))
+                .collect(),
             outcome,
         };
         if to_driver.send(Message::Done(result)).is_err() {
@@ -744,6 +803,15 @@ struct Rep {
     retransmits: u64,
     /// xina's fast retransmissions (0 for the others).
     fast_retransmits: u64,
+    /// xina: the largest final window, the most open, window decreases
+    /// (0 for the others).
+    window: u32,
+    max_open: u32,
+    window_decreases: u64,
+    /// Rank 0's congestion window (xina).
+    window_trace: Vec<(f64, u32)>,
+    /// The largest smoothed round trip at the end, microseconds (xina).
+    srtt_us: f64,
     /// With shaped links: the busiest link direction, Mbit/s.
     busiest_mbit: Option<f64>,
 }
@@ -804,9 +872,18 @@ impl Driver<'_, '_> {
                         record.time_us,
                         record.algbw_gbps,
                         record.retransmits,
-                        record
-                            .fast_retransmits
-                            .map_or_else(String::new, |n| format!(" ({n} at once)"))
+                        match (
+                            record.fast_retransmits,
+                            record.window,
+                            record.max_open,
+                            record.srtt_us
+                        ) {
+                            (Some(n), Some(w), Some(open), Some(srtt)) => format!(
+                                " ({n} at once), window {w} (at most {open} open), round trip {:.2} ms",
+                                srtt / 1e3
+                            ),
+                            _ => String::new(),
+                        }
                     ));
                     records.push(record);
                 }
@@ -876,6 +953,11 @@ impl Driver<'_, '_> {
                 time: answer.samples.first().copied().context("no sample")?,
                 retransmits: answer.retransmits,
                 fast_retransmits: 0,
+                window: 0,
+                max_open: 0,
+                window_decreases: 0,
+                window_trace: Vec::new(),
+                srtt_us: 0.0,
                 busiest_mbit: None,
             });
         }
@@ -921,6 +1003,15 @@ impl Driver<'_, '_> {
             time: end.duration_since(start) / u32::try_from(iters).unwrap_or(u32::MAX),
             retransmits: results.iter().map(|r| r.retransmits).sum(),
             fast_retransmits: results.iter().map(|r| r.fast_retransmits).sum(),
+            window: results.iter().map(|r| r.window).max().unwrap_or(0),
+            max_open: results.iter().map(|r| r.max_open).max().unwrap_or(0),
+            window_decreases: results.iter().map(|r| r.window_decreases).sum(),
+            srtt_us: results.iter().map(|r| r.srtt_us).fold(0.0, f64::max),
+            window_trace: results
+                .iter()
+                .find(|r| r.rank == 0)
+                .map(|r| r.window_trace.clone())
+                .unwrap_or_default(),
             busiest_mbit: None,
         })
     }
@@ -958,6 +1049,22 @@ impl Driver<'_, '_> {
                 Impl::Xina => Some(reps.iter().map(|r| r.fast_retransmits).sum()),
                 Impl::Ring | Impl::Mpi => None,
             },
+            window: (which == Impl::Xina).then(|| {
+                let windows: Vec<f64> = reps.iter().map(|r| f64::from(r.window)).collect();
+                // A median of u32s is a u32 or halfway between two.
+                median(&windows).unwrap_or(0.0).round() as u32
+            }),
+            max_open: (which == Impl::Xina)
+                .then(|| reps.iter().map(|r| r.max_open).max().unwrap_or(0)),
+            window_decreases: (which == Impl::Xina)
+                .then(|| reps.iter().map(|r| r.window_decreases).sum()),
+            fixed_window: self.spec.fixed_window,
+            srtt_us: (which == Impl::Xina).then(|| reps.last().map_or(0.0, |r| r.srtt_us)),
+            window_trace: (which == Impl::Xina).then(|| {
+                reps.last()
+                    .map(|r| r.window_trace.clone())
+                    .unwrap_or_default()
+            }),
             loss,
             reps: reps.len(),
             iters,

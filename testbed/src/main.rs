@@ -4,7 +4,7 @@ use std::{io::Write as _, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use xina_testbed::{allreduce_bench, bcast_bench, bench, netns, scenario};
+use xina_testbed::{allreduce_bench, bcast_bench, bench, netns, plot, scenario, share_bench};
 
 #[derive(Debug, Parser)]
 #[command(version, about = "xina on network namespaces: demos and scenarios")]
@@ -155,6 +155,96 @@ enum BenchCommand {
     /// XDP; for each rank count, size and loss rate, with ratios against
     /// unicast and Open MPI.
     Bcast(BenchBcastArgs),
+    /// Jobs sharing one switch and every worker link: each job's goodput
+    /// until the first finished and Jain's index of them, with xina's
+    /// congestion control and, in the same run, with every slot open.
+    Share(BenchShareArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchShareArgs {
+    /// Jobs, each with a member on every worker.
+    #[arg(long, default_value_t = 2)]
+    jobs: usize,
+    /// Workers (namespaces).
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// Link MTU.
+    #[arg(long, default_value_t = 9000)]
+    frame: u32,
+    /// Shape every worker link to this many Mbit/s both ways; 0: unshaped.
+    #[arg(long, default_value_t = 500)]
+    rate: u32,
+    /// Bytes per worker per allreduce (units B, KiB, MiB).
+    #[arg(long, default_value = "4MiB")]
+    bytes: String,
+    /// Allreduces per job.
+    #[arg(long, default_value_t = 24)]
+    calls: usize,
+    /// Let one rank of the last job never call: its job fails after the
+    /// give-up time, the others must not slow down.
+    #[arg(long)]
+    stall: bool,
+    /// Also write the reports as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn bench_share(args: &BenchShareArgs) -> anyhow::Result<bool> {
+    let base = share_bench::ShareSpec {
+        jobs: args.jobs,
+        workers: args.workers,
+        frame: args.frame,
+        rate_mbit: (args.rate > 0).then_some(args.rate),
+        bytes: allreduce_bench::parse_size(&args.bytes).context("--bytes")?,
+        calls: args.calls,
+        stall: args.stall.then_some(args.jobs - 1),
+        ..Default::default()
+    };
+    base.validate()?;
+    let machine = bench::Machine::this();
+    println!(
+        "xina bench share: {} jobs of {} workers on one star, MTU {}, {}, {} allreduces of {} \
+         each; {} CPUs, Linux {}",
+        base.jobs,
+        base.workers,
+        base.frame,
+        base.rate_mbit.map_or_else(
+            || "links unshaped".to_owned(),
+            |r| format!("every link {r} Mbit/s each way")
+        ),
+        base.calls,
+        args.bytes,
+        machine.cpus,
+        machine.kernel
+    );
+    let mut reports = Vec::new();
+    for fixed_window in [false, true] {
+        let spec = share_bench::ShareSpec {
+            fixed_window,
+            ..base.clone()
+        };
+        let report = share_bench::run(&spec)?;
+        println!(
+            "\n{} ({} elements/packet, {} slots per job):",
+            if fixed_window {
+                "every slot open (no congestion control)"
+            } else {
+                "congestion control (the default)"
+            },
+            report.elems_per_packet,
+            report.slots
+        );
+        print!("{}", share_bench::table(&report));
+        reports.push(report);
+    }
+    if let Some(path) = &args.json {
+        write_json(
+            path,
+            &serde_json::json!({ "machine": machine, "reports": reports }),
+        )?;
+    }
+    Ok(true)
 }
 
 #[derive(Debug, clap::Args)]
@@ -291,6 +381,14 @@ struct BenchAllreduceArgs {
     /// of chunks, 4 to 64).
     #[arg(long)]
     slots: Option<u32>,
+    /// xina without congestion control: every worker keeps all slots open
+    /// (the behaviour before workers had a congestion window).
+    #[arg(long)]
+    fixed_window: bool,
+    /// xina's congestion control: the queueing (ms of round trip above the
+    /// lowest) a worker's window lets build (default: the library's, 1 ms).
+    #[arg(long)]
+    queue_target: Option<f64>,
     /// Implementations, in table order (`mpi` only when `mpirun` and
     /// `mpicc` are installed).
     #[arg(long, value_enum, value_delimiter = ',',
@@ -304,6 +402,11 @@ struct BenchAllreduceArgs {
     /// Also write the spec, goals and one record per measurement as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Also draw PNG charts into this directory: xina's congestion window
+    /// over each case's last repetition, and time against loss where
+    /// several loss rates were measured.
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 fn bench_allreduce(args: &BenchAllreduceArgs) -> anyhow::Result<bool> {
@@ -315,6 +418,12 @@ fn bench_allreduce(args: &BenchAllreduceArgs) -> anyhow::Result<bool> {
         frames: args.frame.clone(),
         elems_per_packet: args.elems_per_packet,
         slots: args.slots,
+        fixed_window: args.fixed_window,
+        queue_target: args
+            .queue_target
+            .map(|ms| Duration::try_from_secs_f64(ms / 1e3))
+            .transpose()
+            .context("--queue-target")?,
         impls: args.impls.clone(),
         rate_mbit: args.rate,
         ..Default::default()
@@ -375,6 +484,14 @@ fn bench_allreduce(args: &BenchAllreduceArgs) -> anyhow::Result<bool> {
             _ => "not measured".to_owned(),
         };
         println!("  {}\n    => {verdict}; {}", g.statement, g.detail);
+    }
+    if let Some(dir) = &args.plot {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut charts = plot::window_charts(dir, &records)?;
+        charts.extend(plot::loss_charts(dir, &records)?);
+        for chart in charts {
+            println!("chart written to {}", chart.display());
+        }
     }
     if let Some(path) = &args.json {
         let report = allreduce_bench::AllreduceBenchReport {
@@ -639,6 +756,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Switch(args)) => bench_switch(args),
         Command::Bench(BenchCommand::Allreduce(args)) => bench_allreduce(args),
         Command::Bench(BenchCommand::Bcast(args)) => bench_bcast(args),
+        Command::Bench(BenchCommand::Share(args)) => bench_share(args),
         Command::Worker(args) => worker(args),
         Command::GroupMember(args) => group_member(args),
     };

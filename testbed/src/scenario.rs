@@ -658,16 +658,22 @@ pub fn star_config(star: &Star, spec: &AllreduceSpec) -> String {
         spec.elems_per_packet, spec.slots
     );
     for w in star.workers() {
-        let _ = writeln!(
-            toml,
-            "[[jobs.members]]\nrank = {}\nip = \"{}\"\nport = {WORKER_PORT}\nmac = \"{}\"\ninterface = \"{}\"\n",
-            w.rank,
-            w.ip,
-            w.mac,
-            star.port(w.port).name
-        );
+        member_entry(&mut toml, star, w, WORKER_PORT);
     }
     toml
+}
+
+/// Appends worker `w` of `star` as a `[[jobs.members]]` entry of the last
+/// job in `toml`, at UDP port `port`.
+pub fn member_entry(toml: &mut String, star: &Star, w: &crate::topology::Worker, port: u16) {
+    let _ = writeln!(
+        toml,
+        "[[jobs.members]]\nrank = {}\nip = \"{}\"\nport = {port}\nmac = \"{}\"\ninterface = \"{}\"\n",
+        w.rank,
+        w.ip,
+        w.mac,
+        star.port(w.port).name
+    );
 }
 
 /// Worker `rank`'s data: uniform in ±2^20, so sums over up to 1,024 workers

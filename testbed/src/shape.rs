@@ -31,6 +31,25 @@ pub const MAX_RATE_MBIT: u32 = 100_000;
 /// Bytes of the token bucket: two of the largest frames.
 const BURST_BYTES: u64 = 2 * 65_536;
 
+/// Checks a rate for runs at link MTUs `frames`, naming the problem.
+///
+/// # Errors
+/// When the rate is out of range, or a frame is 1,500 bytes (the narrow
+/// path's results leave the switch by XDP redirect, which bypasses the
+/// shaper).
+pub fn check_rate(mbit: u32, mut frames: impl Iterator<Item = u32>) -> anyhow::Result<()> {
+    ensure!(
+        (1..=MAX_RATE_MBIT).contains(&mbit),
+        "rate: {mbit} Mbit/s (must be 1..={MAX_RATE_MBIT})"
+    );
+    ensure!(
+        frames.all(|f| f > 1500),
+        "rate: needs frames above 1500 (at 1500 xina's results leave the switch by XDP \
+         redirect, which bypasses the shaper)"
+    );
+    Ok(())
+}
+
 /// Bytes sent through the shaper of one worker link so far, each direction.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LinkBytes {
