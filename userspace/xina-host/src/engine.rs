@@ -88,6 +88,17 @@
 //! chunks still open, so that one whose own result is lost after a long wait
 //! for another rank is not left waiting out a doubled timeout.
 //!
+//! The tail of a call has no later results to reveal a loss: once every
+//! chunk has been sent, an open first copy goes again as a *tail-loss
+//! probe* (RFC 8985, 7) when no result has come for
+//! `max(2 × smoothed round trip, probe_floor)` since it was sent or since
+//! the last result, whichever is later; once per chunk, without doubling
+//! its timeout. A one-chunk call (an 8-byte allreduce) whose contribution
+//! or result was lost then waits about two round trips, not the 5 ms
+//! timeout floor. A probe whose chunk was complete is answered from the
+//! slot; one whose chunk waits for another rank costs a datagram (that rank
+//! probes too).
+//!
 //! A result carrying [`Flags::OVERFLOW`] makes the call fail
 //! with [`Error::Overflow`] once every chunk is complete (the engine keeps
 //! going so that the other ranks, which see the same overflow, are not left
@@ -347,6 +358,11 @@ pub struct Config {
     /// Headroom bits of float sums' fixed-point scale; `None` for the safe
     /// `⌈log₂ fan_in⌉`, which cannot overflow (see [`crate::float`]).
     pub float_headroom_bits: Option<u8>,
+    /// The shortest wait before a tail-loss probe: once a call has sent all
+    /// its chunks, an open first copy goes again after
+    /// `max(2 × smoothed round trip, probe_floor)` without a result (see
+    /// the module docs).
+    pub probe_floor: Duration,
     /// Congestion control: the queueing a worker's window lets build, as
     /// round trip above the lowest one seen (the larger of this and that
     /// lowest round trip; see [`crate::congestion`]). `None` turns it off:
@@ -370,6 +386,7 @@ impl Default for Config {
             max_rto: Duration::from_millis(500),
             give_up: Duration::from_secs(5),
             float_headroom_bits: None,
+            probe_floor: Duration::from_millis(1),
             queue_target: Some(Duration::from_millis(1)),
         }
     }
@@ -392,6 +409,8 @@ impl Config {
             "give_up must be positive"
         } else if self.float_headroom_bits.is_some_and(|h| h > 30) {
             "float_headroom_bits must be at most 30"
+        } else if self.probe_floor > self.min_rto {
+            "probe_floor must be at most min_rto"
         } else if self.queue_target.is_some_and(|t| t.is_zero()) {
             "queue_target must be positive (None turns congestion control off)"
         } else {
@@ -591,8 +610,8 @@ pub struct Stats {
     pub packets_received: u64,
     /// Bytes of those datagrams.
     pub bytes_received: u64,
-    /// Chunks sent again: after their timeout, or at once (see
-    /// `fast_retransmissions`).
+    /// Chunks sent again: after their timeout, at once (see
+    /// `fast_retransmissions`), or as tail-loss probes (`probes`).
     pub retransmissions: u64,
     /// Of `retransmissions`, the chunks sent again at once because the
     /// result of a chunk sent well after them came back first (the RACK-like
@@ -600,6 +619,10 @@ pub struct Stats {
     pub fast_retransmissions: u64,
     /// Timer events that found at least one chunk past its timeout.
     pub timeouts: u64,
+    /// Of `retransmissions`, tail-loss probes: first copies sent again
+    /// because the call had nothing new to send and no result came for
+    /// twice the round trip.
+    pub probes: u64,
     /// Of `retransmissions`, those found unneeded: the chunk's result came
     /// back sooner after the retransmission than the lowest round trip, so
     /// it answered the first copy (which had only been slow).
@@ -641,6 +664,7 @@ impl Stats {
         self.fast_retransmissions += other.fast_retransmissions;
         self.timeouts += other.timeouts;
         self.spurious += other.spurious;
+        self.probes += other.probes;
         self.from_cache += other.from_cache;
         self.duplicates += other.duplicates;
         self.ignored += other.ignored;
@@ -661,13 +685,14 @@ impl std::fmt::Display for Stats {
         write!(
             f,
             "{} chunks, {} sent ({:.1} MB), {} received ({:.1} MB), {} retransmitted \
-             ({} unneeded), {} timeouts, {} from cache, {} duplicates, {} ignored, ",
+             ({} probes, {} unneeded), {} timeouts, {} from cache, {} duplicates, {} ignored, ",
             self.chunks,
             self.packets_sent,
             mb(self.bytes_sent),
             self.packets_received,
             mb(self.bytes_received),
             self.retransmissions,
+            self.probes,
             self.spurious,
             self.timeouts,
             self.from_cache,
@@ -703,11 +728,24 @@ struct Chunk {
     bytes: usize,
     /// How many times it has been sent.
     transmissions: u32,
-    /// Whether its latest retransmission went at once (not after a
-    /// timeout).
+    /// Whether its latest retransmission went at once because a later
+    /// chunk's result came first (not after a timeout or as a probe).
     fast: bool,
+    /// Whether it went again as a tail-loss probe.
+    probed: bool,
     /// Whether its result has arrived.
     done: bool,
+}
+
+/// Why a chunk goes again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resend {
+    /// Its timeout passed (doubles its timeout).
+    Timeout,
+    /// A chunk sent well after it came back first (the RACK-like rule).
+    Reorder,
+    /// A tail-loss probe.
+    Probe,
 }
 
 /// A retransmission timer; stale entries are skipped when they surface.
@@ -836,7 +874,7 @@ pub struct Engine<'a, T: Element> {
     last_rto: Duration,
     /// Chunks found lost, waiting for `poll_transmit`, and whether by a
     /// timeout (which doubles the chunk's timeout).
-    retransmit: VecDeque<(usize, bool)>,
+    retransmit: VecDeque<(usize, Resend)>,
     started: Instant,
     last_event: Instant,
     last_progress: Instant,
@@ -1160,7 +1198,8 @@ impl<'a, T: Element> Engine<'a, T> {
         if self.is_done() {
             return None;
         }
-        while let Some((k, timed_out)) = self.retransmit.pop_front() {
+        while let Some((k, why)) = self.retransmit.pop_front() {
+            let timed_out = why == Resend::Timeout;
             let max_rto = self.config.max_rto;
             let Some(chunk) = self.chunk_mut(k) else {
                 continue;
@@ -1169,7 +1208,7 @@ impl<'a, T: Element> Engine<'a, T> {
                 continue;
             }
             chunk.transmissions += 1;
-            chunk.fast = !timed_out;
+            chunk.fast = why == Resend::Reorder;
             if timed_out {
                 chunk.rto = chunk.rto.saturating_mul(2).min(max_rto);
             }
@@ -1184,8 +1223,10 @@ impl<'a, T: Element> Engine<'a, T> {
                 transmission,
             }));
             self.stats.retransmissions += 1;
-            if !timed_out {
-                self.stats.fast_retransmissions += 1;
+            match why {
+                Resend::Reorder => self.stats.fast_retransmissions += 1,
+                Resend::Probe => self.stats.probes += 1,
+                Resend::Timeout => {}
             }
             self.rto_bound = self.rto_bound.max(rto);
             return Some(self.emit(k, true, buf));
@@ -1210,6 +1251,7 @@ impl<'a, T: Element> Engine<'a, T> {
                 bytes,
                 transmissions: 1,
                 fast: false,
+                probed: false,
                 done: false,
             });
             self.timers.push(Reverse(Timer {
@@ -1217,6 +1259,9 @@ impl<'a, T: Element> Engine<'a, T> {
                 chunk: k,
                 transmission: 1,
             }));
+            if self.next == self.chunks {
+                self.arm_probes(now);
+            }
             return Some(self.emit(k, false, buf));
         }
         self.limited =
@@ -1395,6 +1440,8 @@ impl<'a, T: Element> Engine<'a, T> {
             return;
         }
         let mut fired = false;
+        let tail = self.next == self.chunks;
+        let pto = self.probe_timeout();
         while let Some(&Reverse(timer)) = self.timers.peek() {
             if timer.at > now {
                 break;
@@ -1413,16 +1460,25 @@ impl<'a, T: Element> Engine<'a, T> {
             // 64 KB chunks on a slow link) are late, not lost, and a loss
             // while results flow is found at once (the RACK-like rule).
             let since_progress = progress + chunk.rto;
-            if chunk.transmissions == 1 && since_progress > now {
-                chunk.deadline = Some(since_progress);
-                self.timers.push(Reverse(Timer {
-                    at: since_progress,
-                    ..timer
-                }));
+            // In the tail, a probe comes first (see the module docs).
+            let probe = (tail && chunk.transmissions == 1 && !chunk.probed)
+                .then_some(pto)
+                .flatten()
+                .map(|pto| chunk.sent_at.max(progress) + pto);
+            if probe.is_some_and(|at| at <= now) {
+                chunk.probed = true;
+                chunk.deadline = None;
+                self.retransmit.push_back((timer.chunk, Resend::Probe));
+                continue;
+            }
+            let next = probe.map_or(since_progress, |at| at.min(since_progress));
+            if chunk.transmissions == 1 && next > now {
+                chunk.deadline = Some(next);
+                self.timers.push(Reverse(Timer { at: next, ..timer }));
                 continue;
             }
             chunk.deadline = None;
-            self.retransmit.push_back((timer.chunk, true));
+            self.retransmit.push_back((timer.chunk, Resend::Timeout));
             fired = true;
         }
         self.prune_timers();
@@ -1484,7 +1540,7 @@ impl<'a, T: Element> Engine<'a, T> {
             };
             if chunk.transmissions == 1 && chunk.sent_at + allowance < acked {
                 chunk.deadline = None;
-                self.retransmit.push_back((k, false));
+                self.retransmit.push_back((k, Resend::Reorder));
             } else if grown && chunk.transmissions == 1 && chunk.rto < rto {
                 chunk.rto = rto;
                 let at = chunk.sent_at + rto;
@@ -1507,6 +1563,41 @@ impl<'a, T: Element> Engine<'a, T> {
                         transmission: chunk.transmissions,
                     }));
                 }
+            }
+        }
+    }
+
+    /// How long an open first copy in the tail of the call waits for a
+    /// result before a probe: twice the smoothed round trip, at least
+    /// `probe_floor`; `None` before any round trip was measured.
+    fn probe_timeout(&self) -> Option<Duration> {
+        self.rtt
+            .smoothed()
+            .map(|srtt| srtt.saturating_mul(2).max(self.config.probe_floor))
+    }
+
+    /// Once the last chunk has gone: brings the deadline of every open
+    /// first copy forward to its probe time, if that is sooner.
+    fn arm_probes(&mut self, now: Instant) {
+        let Some(pto) = self.probe_timeout() else {
+            return;
+        };
+        let progress = self.last_progress;
+        for (i, chunk) in self.window.iter_mut().enumerate() {
+            let Some(deadline) = chunk.deadline else {
+                continue;
+            };
+            if chunk.done || chunk.transmissions != 1 || chunk.probed {
+                continue;
+            }
+            let at = (chunk.sent_at.max(progress) + pto).max(now);
+            if at < deadline {
+                chunk.deadline = Some(at);
+                self.timers.push(Reverse(Timer {
+                    at,
+                    chunk: self.base + i,
+                    transmission: 1,
+                }));
             }
         }
     }
@@ -1716,6 +1807,7 @@ mod tests {
             fast_retransmissions: 0,
             timeouts: 1,
             spurious: 0,
+            probes: 0,
             from_cache: 1,
             duplicates: 0,
             ignored: 2,
@@ -1727,8 +1819,8 @@ mod tests {
         };
         assert_eq!(
             stats.to_string(),
-            "3 chunks, 4 sent (2.5 MB), 3 received (1.2 MB), 1 retransmitted (0 unneeded), \
-             1 timeouts, 1 from cache, 0 duplicates, 2 ignored, window 5 (at most 6 open, 1 decreases), \
+            "3 chunks, 4 sent (2.5 MB), 3 received (1.2 MB), 1 retransmitted (0 probes, \
+             0 unneeded), 1 timeouts, 1 from cache, 0 duplicates, 2 ignored, window 5 (at most 6 open, 1 decreases), \
              1.500 s"
         );
     }
@@ -2034,6 +2126,40 @@ mod tests {
     }
 
     #[test]
+    fn the_last_chunks_open_are_probed_after_two_round_trips() {
+        let t0 = Instant::now();
+        let mut data = [5, 6];
+        let mut engine = start(member(0, 2, 1, 4), Config::default(), 0, &mut data, t0);
+        engine.rtt.sample_sized(2 * MS, 4);
+        let first = sent(&mut engine, t0).expect("chunk 0").0;
+        let last = sent(&mut engine, t0 + MS / 2).expect("chunk 1").0;
+        // Every chunk is out: both are probed 4 ms (twice the round trip)
+        // after they left, long before their 5 ms timeout floor...
+        assert_eq!(engine.poll_timeout(), Some(t0 + 4 * MS));
+        // ...unless a result came since: chunk 0's at 3 ms (the smoothed
+        // round trip becomes 2.125 ms) moves chunk 1's probe to 7.25 ms.
+        engine.handle_packet(t0 + 3 * MS, &result(&first, &[10], 0));
+        let (probe, values, at) = loop {
+            let deadline = engine.poll_timeout().unwrap();
+            engine.handle_timeout(deadline);
+            if let Some((probe, values, _)) = sent(&mut engine, deadline) {
+                break (probe, values, deadline);
+            }
+        };
+        assert_eq!(at, t0 + Duration::from_micros(7250));
+        assert_eq!((probe.seq, values), (last.seq, vec![6]));
+        assert!(probe.flags.contains(Flags::RETRANSMIT));
+        let stats = engine.stats();
+        assert_eq!((stats.probes, stats.timeouts), (1, 0));
+        assert_eq!(engine.rtt().backoff(), 0, "a probe is no timeout");
+        // Once: after the probe the chunk's own timeout applies.
+        let deadline = engine.poll_timeout().unwrap();
+        assert!(deadline >= at + 5 * MS, "{:?}", deadline - t0);
+        engine.handle_packet(t0 + 8 * MS, &result(&last, &[12], Flags::FROM_CACHE));
+        assert!(engine.take_outcome().unwrap().is_ok());
+    }
+
+    #[test]
     fn a_timeout_backs_off_the_chunks_sent_after_it_until_a_sample() {
         let config = Config {
             initial_rto: 10 * MS,
@@ -2076,14 +2202,20 @@ mod tests {
         engine.handle_timeout(t0 + 30 * MS);
         assert!(sent(&mut engine, t0 + 30 * MS).is_none(), "nothing resent");
         assert_eq!(engine.stats().retransmissions, 0);
-        // At the grown timeout they wait on: it counts from the last result
-        // too, as TCP restarts its timer on every acknowledgement.
+        // At 60 ms (two round trips after the last result) the call's
+        // last chunks are probed, once each; their timeouts count from the
+        // probe, as TCP restarts its timer on every acknowledgement.
         engine.handle_timeout(t0 + 60 * MS);
-        assert!(sent(&mut engine, t0 + 60 * MS).is_none(), "nothing resent");
-        assert_eq!(engine.poll_timeout(), Some(t0 + 80 * MS));
-        engine.handle_timeout(t0 + 80 * MS);
-        let (again, _, _) = sent(&mut engine, t0 + 80 * MS).expect("a retransmission");
-        assert!(again.flags.contains(Flags::RETRANSMIT));
+        let probes: Vec<_> = std::iter::from_fn(|| sent(&mut engine, t0 + 60 * MS)).collect();
+        assert_eq!(probes.len(), 2);
+        assert!(
+            probes
+                .iter()
+                .all(|(r, _, _)| r.flags.contains(Flags::RETRANSMIT))
+        );
+        let stats = engine.stats();
+        assert_eq!((stats.probes, stats.timeouts), (2, 0));
+        assert_eq!(engine.poll_timeout(), Some(t0 + 120 * MS));
     }
 
     #[test]
@@ -2115,7 +2247,10 @@ mod tests {
         engine.handle_packet(t0 + 4 * MS, &result(&r0, &[1], 0));
         assert_eq!(engine.rtt().smoothed(), Some(4 * MS));
         let (r1, _, _) = sent(&mut engine, t0 + 4 * MS).unwrap();
-        assert_eq!(engine.poll_timeout(), Some(t0 + 4 * MS + 12 * MS));
+        // 4 + 4 x 2 = 12 ms; the last chunk of the call is probed sooner,
+        // after two round trips.
+        assert_eq!(engine.rtt().rto(&config), 12 * MS);
+        assert_eq!(engine.poll_timeout(), Some(t0 + 4 * MS + 8 * MS));
         engine.handle_packet(t0 + 5 * MS, &result(&r1, &[2], 0));
         assert!(engine.take_outcome().unwrap().is_ok());
     }
