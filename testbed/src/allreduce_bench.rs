@@ -159,10 +159,9 @@ pub struct AllreduceBenchSpec {
     /// xina's aggregator slots (the workers' window); `None`: about 1 MiB
     /// of chunks in flight per worker, 4 to 64 slots ([`window_for`]).
     pub slots: Option<u32>,
-    /// xina's congestion control: `false` keeps every slot open, as before
-    /// the workers had a congestion window.
-    pub fixed_window: bool,
-    /// xina's `Config::queue_target`; `None`: the library's default.
+    /// xina's `Config::queue_target` (the library's default unless set);
+    /// `None` keeps every slot open, as before the workers had a
+    /// congestion window.
     pub queue_target: Option<Duration>,
     /// How long an xina worker waits without progress before failing.
     pub give_up: Duration,
@@ -189,8 +188,7 @@ impl Default for AllreduceBenchSpec {
             frames: vec![1500],
             elems_per_packet: None,
             slots: None,
-            fixed_window: false,
-            queue_target: None,
+            queue_target: xina_host::Config::default().queue_target,
             give_up: Duration::from_secs(5),
             ring_timeout: Duration::from_secs(10),
             seed: 1,
@@ -565,12 +563,7 @@ fn run_on(
                 },
                 bind: SocketAddrV4::new(star.worker(rank).ip, WORKER_PORT),
                 give_up: spec.give_up,
-                queue_target: if spec.fixed_window {
-                    None
-                } else {
-                    spec.queue_target
-                        .or(xina_host::Config::default().queue_target)
-                },
+                queue_target: spec.queue_target,
                 addrs: &addrs,
                 ring_ns: stars.plain.worker(rank).ns(),
                 ring_timeout: spec.ring_timeout,
@@ -1067,7 +1060,7 @@ impl Driver<'_, '_> {
                 .then(|| reps.iter().map(|r| r.max_open).max().unwrap_or(0)),
             window_decreases: (which == Impl::Xina)
                 .then(|| reps.iter().map(|r| r.window_decreases).sum()),
-            fixed_window: self.spec.fixed_window,
+            fixed_window: self.spec.queue_target.is_none(),
             srtt_us: (which == Impl::Xina).then(|| reps.last().map_or(0.0, |r| r.srtt_us)),
             window_trace: (which == Impl::Xina).then(|| {
                 reps.last()

@@ -219,15 +219,15 @@ fn bench_share(args: &BenchShareArgs) -> anyhow::Result<bool> {
         machine.kernel
     );
     let mut reports = Vec::new();
-    for fixed_window in [false, true] {
+    for queue_target in [base.queue_target, None] {
         let spec = share_bench::ShareSpec {
-            fixed_window,
+            queue_target,
             ..base.clone()
         };
         let report = share_bench::run(&spec)?;
         println!(
             "\n{} ({} elements/packet, {} slots per job):",
-            if fixed_window {
+            if queue_target.is_none() {
                 "every slot open (no congestion control)"
             } else {
                 "congestion control (the default)"
@@ -383,7 +383,7 @@ struct BenchAllreduceArgs {
     slots: Option<u32>,
     /// xina without congestion control: every worker keeps all slots open
     /// (the behaviour before workers had a congestion window).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "queue_target")]
     fixed_window: bool,
     /// xina's congestion control: the queueing (ms of round trip above the
     /// lowest) a worker's window lets build (default: the library's, 1 ms).
@@ -418,12 +418,13 @@ fn bench_allreduce(args: &BenchAllreduceArgs) -> anyhow::Result<bool> {
         frames: args.frame.clone(),
         elems_per_packet: args.elems_per_packet,
         slots: args.slots,
-        fixed_window: args.fixed_window,
-        queue_target: args
-            .queue_target
-            .map(|ms| Duration::try_from_secs_f64(ms / 1e3))
-            .transpose()
-            .context("--queue-target")?,
+        queue_target: match (args.fixed_window, args.queue_target) {
+            (true, _) => None,
+            (false, Some(ms)) => {
+                Some(Duration::try_from_secs_f64(ms / 1e3).context("--queue-target")?)
+            }
+            (false, None) => xina_host::Config::default().queue_target,
+        },
         impls: args.impls.clone(),
         rate_mbit: args.rate,
         ..Default::default()

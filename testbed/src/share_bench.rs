@@ -48,8 +48,9 @@ pub struct ShareSpec {
     pub bytes: usize,
     /// Allreduces per job.
     pub calls: usize,
-    /// Keep every slot open (no congestion control).
-    pub fixed_window: bool,
+    /// The workers' `Config::queue_target`; `None` keeps every slot open
+    /// (no congestion control).
+    pub queue_target: Option<Duration>,
     /// The job (index) with a rank that never calls, if any.
     pub stall: Option<usize>,
     /// How long a worker waits without progress before failing.
@@ -65,7 +66,7 @@ impl Default for ShareSpec {
             rate_mbit: Some(500),
             bytes: 4 << 20,
             calls: 24,
-            fixed_window: false,
+            queue_target: xina_host::Config::default().queue_target,
             stall: None,
             give_up: Duration::from_secs(5),
         }
@@ -273,11 +274,10 @@ fn rank_run(
     expected: &[i32],
     barrier: &Barrier,
 ) -> anyhow::Result<(RankRun, Instant)> {
-    let defaults = xina_host::Config::default();
     let config = xina_host::Config {
         give_up: spec.give_up,
-        queue_target: defaults.queue_target.filter(|_| !spec.fixed_window),
-        ..defaults
+        queue_target: spec.queue_target,
+        ..Default::default()
     };
     let worker = Worker::new(params, bind, config)
         .with_context(|| format!("job {}, rank {}: worker", params.job, params.rank));

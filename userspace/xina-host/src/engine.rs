@@ -731,8 +731,6 @@ struct Chunk {
     /// Whether its latest retransmission went at once because a later
     /// chunk's result came first (not after a timeout or as a probe).
     fast: bool,
-    /// Whether it went again as a tail-loss probe.
-    probed: bool,
     /// Whether its result has arrived.
     done: bool,
 }
@@ -1251,7 +1249,6 @@ impl<'a, T: Element> Engine<'a, T> {
                 bytes,
                 transmissions: 1,
                 fast: false,
-                probed: false,
                 done: false,
             });
             self.timers.push(Reverse(Timer {
@@ -1460,13 +1457,13 @@ impl<'a, T: Element> Engine<'a, T> {
             // 64 KB chunks on a slow link) are late, not lost, and a loss
             // while results flow is found at once (the RACK-like rule).
             let since_progress = progress + chunk.rto;
-            // In the tail, a probe comes first (see the module docs).
-            let probe = (tail && chunk.transmissions == 1 && !chunk.probed)
+            // In the tail, a probe comes first (see the module docs); a
+            // chunk is probed once, as its first copy's only resend.
+            let probe = (tail && chunk.transmissions == 1)
                 .then_some(pto)
                 .flatten()
                 .map(|pto| chunk.sent_at.max(progress) + pto);
             if probe.is_some_and(|at| at <= now) {
-                chunk.probed = true;
                 chunk.deadline = None;
                 self.retransmit.push_back((timer.chunk, Resend::Probe));
                 continue;
@@ -1587,7 +1584,7 @@ impl<'a, T: Element> Engine<'a, T> {
             let Some(deadline) = chunk.deadline else {
                 continue;
             };
-            if chunk.done || chunk.transmissions != 1 || chunk.probed {
+            if chunk.done || chunk.transmissions != 1 {
                 continue;
             }
             let at = (chunk.sent_at.max(progress) + pto).max(now);
