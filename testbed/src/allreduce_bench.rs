@@ -39,10 +39,15 @@
 //!   a later chunk's result came first; the others after their timeout;
 //! - loss: the lossy link ([`crate::lossy`]) on every worker's interface,
 //!   dropping that fraction of *all* frames (xina's, TCP's data and ACKs) in
-//!   both directions. It sees frames before segmentation offload cuts them,
-//!   so a dropped frame can be a batch of up to 64 xina datagrams (UDP GSO)
-//!   or a TCP segment of up to 64 KiB; `frames_seen` and `frames_dropped`
-//!   count what it saw and dropped during the measured repetitions.
+//!   both directions, per the `loss_model` ([`LossModel`]): `frame` (the
+//!   default) turns segmentation and receive offloads off on both stars and
+//!   UDP GSO off in xina's workers for the whole run, its lossless cases
+//!   included, so each wire frame is kept or lost on its own; `batch` keeps
+//!   the offloads and drops what a hook sees whole (up to 64 xina datagrams
+//!   of a UDP GSO send, up to 64 KiB of TCP segments). `frames_seen` and
+//!   `frames_dropped` count wire frames, `packets_seen` and `packets_dropped`
+//!   what the hooks saw, over the measured repetitions; the bench fails if a
+//!   per-frame run saw a packet of more than one frame.
 
 use std::{
     cell::RefCell,
@@ -62,7 +67,7 @@ use xina_proto::{DType, XINA_UDP_PORT, frame::elems_for_mtu};
 
 use crate::{
     bench::{Machine, median},
-    lossy::{Counts, LossyLink},
+    lossy::{self, Counts, LossModel},
     mpi::{MpiJob, MpiProgram},
     netns::NetNs,
     plain,
@@ -172,6 +177,9 @@ pub struct AllreduceBenchSpec {
     /// Implementations, in table order (Open MPI's only when `mpirun` and
     /// `mpicc` are installed).
     pub impls: Vec<Impl>,
+    /// What a loss rate applies to; offloads change only when some loss
+    /// rate is above 0.
+    pub loss_model: LossModel,
     /// The link-bound regime: every worker link of both stars shaped to
     /// this many Mbit/s in both directions ([`crate::shape`]); `None`:
     /// unshaped (CPU-bound on this machine).
@@ -193,6 +201,7 @@ impl Default for AllreduceBenchSpec {
             ring_timeout: Duration::from_secs(10),
             seed: 1,
             impls: Impl::ALL.to_vec(),
+            loss_model: LossModel::Frame,
             rate_mbit: None,
         }
     }
@@ -254,6 +263,19 @@ impl AllreduceBenchSpec {
             }
         }
         Ok(())
+    }
+
+    /// Whether the links run without offloads for per-frame loss.
+    pub fn per_frame(&self) -> bool {
+        self.loss_model == LossModel::Frame && self.losses.iter().any(|&l| l > 0.0)
+    }
+
+    /// The loss model the records say they ran under (`None` without loss).
+    pub fn loss_model_used(&self) -> Option<LossModel> {
+        self.losses
+            .iter()
+            .any(|&l| l > 0.0)
+            .then_some(self.loss_model)
     }
 
     /// xina's slots (window) at link MTU `frame`.
@@ -330,9 +352,15 @@ pub struct Record {
     /// Every repetition's time per allreduce, microseconds.
     pub times_us: Vec<f64>,
     /// What the lossy links saw and dropped during the measured repetitions
-    /// (all links, both directions); zero without loss.
+    /// (all links, both directions), in wire frames; zero without loss.
     pub frames_seen: u64,
     pub frames_dropped: u64,
+    /// The same in packets at the hooks (equal to the frames under the
+    /// `frame` model, fewer under `batch`).
+    pub packets_seen: u64,
+    pub packets_dropped: u64,
+    /// What the loss applied to (`None`: no loss rate above 0 in the run).
+    pub loss_model: Option<LossModel>,
     /// The links' shaped rate, Mbit/s (`None`: unshaped).
     pub rate_mbit: Option<u32>,
     /// With shaped links: the highest rate one link direction carried over
@@ -472,6 +500,10 @@ pub fn run(
             let star = Star::build_with(options).context("building the star topology")?;
             let plain = plain::build(options).context("building the plain star")?;
             let result = (|| {
+                if spec.per_frame() {
+                    lossy::per_frame(&star, true).context("offloads off on the XDP star")?;
+                    lossy::per_frame(&plain, false).context("offloads off on the plain star")?;
+                }
                 if let Some(rate) = spec.rate_mbit {
                     shape::shape(&star, rate).context("shaping the XDP star")?;
                     shape::shape(&plain, rate).context("shaping the plain star")?;
@@ -564,6 +596,7 @@ fn run_on(
                 bind: SocketAddrV4::new(star.worker(rank).ip, WORKER_PORT),
                 give_up: spec.give_up,
                 queue_target: spec.queue_target,
+                segmentation_offload: !spec.per_frame(),
                 addrs: &addrs,
                 ring_ns: stars.plain.worker(rank).ns(),
                 ring_timeout: spec.ring_timeout,
@@ -601,6 +634,8 @@ struct RankSetup<'a> {
     give_up: Duration,
     /// xina's queue target; `None`: every slot open.
     queue_target: Option<Duration>,
+    /// Whether xina's worker may send with UDP GSO.
+    segmentation_offload: bool,
     addrs: &'a [SocketAddrV4],
     /// Where the ring's sockets live: this rank's namespace of the plain star.
     ring_ns: &'a NetNs,
@@ -655,8 +690,9 @@ fn rank_loop(
             queue_target: setup.queue_target,
             ..Default::default()
         };
-        let worker = Worker::new(setup.params, setup.bind, config)
+        let mut worker = Worker::new(setup.params, setup.bind, config)
             .with_context(|| format!("rank {rank}: xina worker"))?;
+        worker.set_segmentation_offload(setup.segmentation_offload);
         let ring = setup.ring_ns.run(|| -> anyhow::Result<RingRank> {
             let listener = RingRank::listen(rank, setup.addrs)?;
             Ok(RingRank::connect(
@@ -817,8 +853,12 @@ impl Driver<'_, '_> {
     ) -> anyhow::Result<()> {
         self.wait_ready()?;
         for &loss in &self.spec.losses {
-            let mut links = attach_loss(self.stars.xdp, loss)?;
-            links.extend(attach_loss(self.stars.plain, loss)?);
+            let mut links = lossy::on_star(self.stars.xdp, loss, false)?;
+            links.extend(lossy::on_star(
+                self.stars.plain,
+                loss,
+                self.spec.per_frame(),
+            )?);
             for &bytes in &self.spec.sizes {
                 let count = bytes / 4;
                 let inputs: Vec<Arc<Vec<i32>>> = (0..self.workers)
@@ -847,11 +887,11 @@ impl Driver<'_, '_> {
                 }
                 for _ in 0..self.spec.reps {
                     for (i, &which) in impls.iter().enumerate() {
-                        let before = link_counts(&links)?;
+                        let before = lossy::total(&links)?;
                         reps[i].push(self.shaped_rep(which, &work)?);
-                        let after = link_counts(&links)?;
-                        frames[i].seen += after.seen - before.seen;
-                        frames[i].dropped += after.dropped - before.dropped;
+                        let seen = lossy::total(&links)?.since(before);
+                        check_per_frame(self.spec, which, seen)?;
+                        frames[i] = frames[i].plus(seen);
                     }
                 }
                 for (i, &which) in impls.iter().enumerate() {
@@ -1071,8 +1111,11 @@ impl Driver<'_, '_> {
             reps: reps.len(),
             iters,
             times_us,
-            frames_seen: frames.seen,
-            frames_dropped: frames.dropped,
+            frames_seen: frames.frames,
+            frames_dropped: frames.frames_dropped,
+            packets_seen: frames.seen,
+            packets_dropped: frames.dropped,
+            loss_model: self.spec.loss_model_used(),
             rate_mbit: self.spec.rate_mbit,
             busiest_link_mbit: reps.iter().filter_map(|r| r.busiest_mbit).reduce(f64::max),
         }
@@ -1084,38 +1127,23 @@ pub fn busbw(algbw: f64, n: usize) -> f64 {
     algbw * 2.0 * (n as f64 - 1.0) / n as f64
 }
 
-/// Lossy links dropping `loss` percent of all frames, both directions, on
-/// every worker interface of `star`; none at 0. Shared by the benchmarks.
-pub(crate) fn attach_loss(star: &Star, loss: f64) -> anyhow::Result<Vec<LossyLink>> {
-    if loss == 0.0 {
-        return Ok(Vec::new());
-    }
-    // Percent to parts per million; validated below 100%.
-    let drop_ppm = (loss * 10_000.0).round() as u32;
-    let rates = crate::lossy::rates(drop_ppm, 0, 0, false);
-    star.workers()
-        .iter()
-        .map(|w| {
-            LossyLink::attach(w.ns(), &w.iface, rates, rates, "1mbit")
-                .with_context(|| format!("lossy link on worker {}", w.rank))
-        })
-        .collect()
-}
-
-/// What all lossy links saw and dropped so far, both directions.
-pub(crate) fn link_counts(links: &[LossyLink]) -> anyhow::Result<Counts> {
-    let mut sum = Counts::default();
-    for link in links {
-        for dir in [
-            xina_proto::lossy::direction::EGRESS,
-            xina_proto::lossy::direction::INGRESS,
-        ] {
-            let c = link.counts(dir)?;
-            sum.seen += c.seen;
-            sum.dropped += c.dropped;
-        }
-    }
-    Ok(sum)
+/// Under the per-frame model, fails if the lossy links saw a packet of
+/// more than one frame during `which`'s repetition: its numbers would not
+/// be what the record says.
+pub(crate) fn check_per_frame(
+    spec: &AllreduceBenchSpec,
+    which: Impl,
+    seen: Counts,
+) -> anyhow::Result<()> {
+    ensure!(
+        !spec.per_frame() || seen.frames == seen.seen,
+        "loss model frame: the lossy links saw {} packets carrying {} frames during a {} \
+         repetition (an offload batched frames)",
+        seen.seen,
+        seen.frames,
+        which.name()
+    );
+    Ok(())
 }
 
 fn find(

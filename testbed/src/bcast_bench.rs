@@ -43,10 +43,13 @@
 //! - `retransmits`: TCP segments retransmitted on the senders' connections
 //!   (`tcpi_total_retrans` of `TCP_INFO` before and after each broadcast),
 //!   summed over ranks and measured broadcasts;
-//! - `loss`: percent of *all* frames dropped by the lossy link
-//!   ([`crate::lossy`]) on every worker interface, both directions;
-//!   `frames_seen`/`frames_dropped` count what the links saw and dropped
-//!   during the measured broadcasts.
+//! - `loss`: percent of *all* packets dropped by the lossy link
+//!   ([`crate::lossy`]) on every worker interface, both directions, with
+//!   offloads on ([`crate::lossy::LossModel::Batch`]: a GSO send or a TCP
+//!   packet of up to 64 KiB is dropped whole); `packets_seen` and
+//!   `packets_dropped` count what the links saw and dropped during the
+//!   measured broadcasts, `frames_seen`/`frames_dropped` the wire frames in
+//!   those packets.
 //!
 //! # xina
 //!
@@ -74,11 +77,11 @@ use anyhow::{Context as _, bail, ensure};
 use serde::Serialize;
 
 use crate::{
-    allreduce_bench::{attach_loss, format_size, iters_for, link_counts},
+    allreduce_bench::{format_size, iters_for},
     bcast::{Algorithm, MeshRank, mesh_addrs, payload},
     bench::{Machine, median},
     group::{self, GroupSpec},
-    lossy::Counts,
+    lossy::{self, Counts},
     mpi::{MpiJob, MpiProgram},
     netns::NetNs,
     plain, scenario,
@@ -248,9 +251,12 @@ pub struct Record {
     /// Every measured broadcast's time, microseconds.
     pub times_us: Vec<f64>,
     /// What the lossy links saw and dropped during the measured broadcasts
-    /// (all links, both directions); zero without loss.
+    /// (all links, both directions), in wire frames; zero without loss.
     pub frames_seen: u64,
     pub frames_dropped: u64,
+    /// The same in packets at the hooks.
+    pub packets_seen: u64,
+    pub packets_dropped: u64,
 }
 
 /// A goal and how the run did against it.
@@ -609,8 +615,8 @@ impl Driver<'_, '_> {
         self.wait_ready()?;
         let impls = self.impls;
         for &loss in &self.spec.losses {
-            let mut links = attach_loss(self.star, loss)?;
-            links.extend(attach_loss(self.plain, loss)?);
+            let mut links = lossy::on_star(self.star, loss, false)?;
+            links.extend(lossy::on_star(self.plain, loss, false)?);
             for &bytes in &self.spec.sizes {
                 let input = Arc::new(payload(self.spec.seed ^ bytes as u64, bytes));
                 let iters = iters_for(bytes);
@@ -625,7 +631,7 @@ impl Driver<'_, '_> {
                 }
                 for rep in 0..self.spec.reps {
                     for (i, &which) in impls.iter().enumerate() {
-                        let before = link_counts(&links)?;
+                        let before = lossy::total(&links)?;
                         if which == Impl::Mpi {
                             samples[i].extend(self.mpi_broadcasts(bytes, iters, loss)?);
                         }
@@ -633,9 +639,7 @@ impl Driver<'_, '_> {
                             let root = (rep * iters + it) % self.ranks;
                             samples[i].push(self.broadcast(which, root, &input, loss)?);
                         }
-                        let after = link_counts(&links)?;
-                        frames[i].seen += after.seen - before.seen;
-                        frames[i].dropped += after.dropped - before.dropped;
+                        frames[i] = frames[i].plus(lossy::total(&links)?.since(before));
                     }
                 }
                 for (i, &which) in impls.iter().enumerate() {
@@ -791,8 +795,10 @@ impl Driver<'_, '_> {
             reps: self.spec.reps,
             iters,
             times_us,
-            frames_seen: frames.seen,
-            frames_dropped: frames.dropped,
+            frames_seen: frames.frames,
+            frames_dropped: frames.frames_dropped,
+            packets_seen: frames.seen,
+            packets_dropped: frames.dropped,
         }
     }
 }
@@ -975,6 +981,8 @@ mod tests {
             times_us: vec![time_us],
             frames_seen: 0,
             frames_dropped: 0,
+            packets_seen: 0,
+            packets_dropped: 0,
         }
     }
 

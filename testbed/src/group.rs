@@ -226,7 +226,7 @@ impl<'s> GroupRig<'s> {
     /// # Errors
     /// When a link's counters cannot be read.
     pub fn dropped(&self) -> anyhow::Result<u64> {
-        Ok(crate::allreduce_bench::link_counts(&self.links)?.dropped)
+        Ok(crate::lossy::total(&self.links)?.dropped)
     }
 
     /// Broadcasts `data` from `root` to every other rank.

@@ -4,7 +4,9 @@ use std::{io::Write as _, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use xina_testbed::{allreduce_bench, bcast_bench, bench, netns, plot, scenario, share_bench};
+use xina_testbed::{
+    allreduce_bench, bcast_bench, bench, lossy, netns, plot, scenario, share_bench,
+};
 
 #[derive(Debug, Parser)]
 #[command(version, about = "xina on network namespaces: demos and scenarios")]
@@ -369,6 +371,12 @@ struct BenchAllreduceArgs {
     /// directions (for xina and the ring alike); e.g. `0,1`.
     #[arg(long, value_delimiter = ',', default_values_t = [0.0f64])]
     loss: Vec<f64>,
+    /// What the loss rates apply to: `frame`, each wire frame (segmentation
+    /// and receive offloads off on every link, and xina's workers without
+    /// UDP GSO, for the whole run), or `batch`, each packet a hook sees with
+    /// offloads on (a GSO send or a TSO/GRO packet of up to 64 KiB at once).
+    #[arg(long, value_enum, default_value_t = lossy::LossModel::Frame)]
+    loss_model: lossy::LossModel,
     /// Link MTUs to sweep, each on its own stars (e.g. `1500,9000,65000`):
     /// above 1,500 xina's packets take the wide path.
     #[arg(long, value_delimiter = ',', default_values_t = [1500u32])]
@@ -426,6 +434,7 @@ fn bench_allreduce(args: &BenchAllreduceArgs) -> anyhow::Result<bool> {
             (false, None) => xina_host::Config::default().queue_target,
         },
         impls: args.impls.clone(),
+        loss_model: args.loss_model,
         rate_mbit: args.rate,
         ..Default::default()
     };
@@ -443,6 +452,16 @@ fn bench_allreduce(args: &BenchAllreduceArgs) -> anyhow::Result<bool> {
         None => {
             println!("CPU-bound regime: links unshaped, every namespace on this machine's CPUs");
         }
+    }
+    match spec.loss_model_used() {
+        Some(lossy::LossModel::Frame) => println!(
+            "loss per wire frame: segmentation and receive offloads off on every link and UDP GSO \
+             off in xina's workers, at every loss rate of this run"
+        ),
+        Some(lossy::LossModel::Batch) => println!(
+            "loss per packet with offloads on: a GSO send or a TSO/GRO packet is lost whole"
+        ),
+        None => {}
     }
     println!(
         "median of {} repetitions after a warm-up, interleaved; every result checked exactly; \

@@ -65,6 +65,10 @@ fn records_carry_every_field() {
                     // The lossy links saw traffic only when attached.
                     let seen = r["frames_seen"].as_u64().unwrap();
                     assert_eq!(seen > 0, loss > 0.0, "frames_seen {seen} at loss {loss}");
+                    // The default loss model, per frame, for the whole run:
+                    // every packet the links saw was one frame.
+                    assert_eq!(r["loss_model"], "frame");
+                    assert_eq!(r["packets_seen"].as_u64(), Some(seen));
                 }
             }
         }

@@ -8,7 +8,8 @@
 
 use std::{
     collections::HashSet,
-    net::UdpSocket,
+    io::{Read as _, Write as _},
+    net::{SocketAddrV4, TcpListener, TcpStream, UdpSocket},
     time::{Duration, Instant},
 };
 
@@ -17,8 +18,10 @@ use xina_proto::{
     lossy::{LinkConfig, direction},
 };
 use xina_testbed::{
-    lossy::{LossyLink, rates},
+    lossy::{self, LossModel, LossyLink, rates},
     netns::{self, NetNs},
+    plain,
+    topology::{Star, StarOptions},
 };
 
 const FRAMES: u32 = 20_000;
@@ -256,4 +259,73 @@ fn other_traffic_is_left_alone_when_only_xina_is_disturbed() {
     let mut buf = [0u8; 8];
     assert_eq!(rx.recv(&mut buf).expect("non-xina datagram arrives"), 4);
     assert_eq!(link.counts(direction::EGRESS).unwrap().seen, 0);
+}
+
+/// Sends `bytes` over TCP from worker 0 to worker 1 of `star` and waits
+/// until worker 1 has read them all.
+fn tcp_transfer(star: &Star, bytes: usize) {
+    let to = SocketAddrV4::new(star.worker(1).ip, 7_100);
+    let listener = star
+        .worker(1)
+        .ns()
+        .run(|| TcpListener::bind(to))
+        .unwrap()
+        .unwrap();
+    let reader = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut got = Vec::new();
+        conn.read_to_end(&mut got).unwrap();
+        got.len()
+    });
+    let mut conn = star
+        .worker(0)
+        .ns()
+        .run(|| TcpStream::connect_timeout(&to.into(), Duration::from_secs(5)))
+        .unwrap()
+        .unwrap();
+    let block = vec![0x5a_u8; 1 << 20];
+    for _ in 0..bytes / block.len() {
+        conn.write_all(&block).unwrap();
+    }
+    drop(conn);
+    assert_eq!(reader.join().unwrap(), bytes);
+}
+
+/// On a plain star (no XDP, TCP's offloads on) the lossy link sees TCP's
+/// GSO packets whole unless the per-frame model turned the offloads off and
+/// put the drop behind the veth that cuts them: then every packet it sees
+/// is one frame, each dropped with the configured rate, both directions.
+#[test]
+fn per_frame_loss_sees_each_tcp_frame_alone_where_batch_loss_sees_packets() {
+    const BYTES: usize = 48 << 20;
+    const MTU: u32 = 9000;
+    for model in [LossModel::Frame, LossModel::Batch] {
+        let star = plain::build(StarOptions::new(2).with_mtu(MTU)).unwrap();
+        let per_frame = model == LossModel::Frame;
+        if per_frame {
+            lossy::per_frame(&star, false).unwrap();
+        }
+        let links = lossy::on_star(&star, 2.0, per_frame).unwrap();
+        tcp_transfer(&star, BYTES);
+        let c = lossy::total(&links).unwrap();
+        println!("{model:?}: {c:?}");
+        // At least one frame per MSS of data went from 0 to 1.
+        let least = (BYTES / (MTU as usize - 52)) as u64;
+        assert!(c.frames >= least, "{model:?}: {} frames", c.frames);
+        if per_frame {
+            assert_eq!(c.frames, c.seen, "a packet of several frames");
+            assert_eq!(c.frames_dropped, c.dropped);
+            let rate = c.dropped as f64 / c.seen as f64;
+            assert!((0.015..0.025).contains(&rate), "dropped {rate}");
+        } else {
+            assert!(
+                c.frames > 2 * c.seen,
+                "{model:?}: TCP's packets were not batches: {} frames in {}",
+                c.frames,
+                c.seen
+            );
+        }
+        drop(links);
+        star.teardown().unwrap();
+    }
 }

@@ -7,6 +7,11 @@
 //!   passes untouched when it meets the program again;
 //! - delay (egress only): `skb->priority` set to a slow HTB class the testbed
 //!   installs, so frames queued behind it overtake it — reordering.
+//!
+//! The program sees packets, not wire frames: a packet that segmentation
+//! offload (GSO/TSO) will cut, or that GRO merged, is dropped whole, and is
+//! counted as its `gso_segs` frames. The testbed's per-frame model turns
+//! those offloads off so that every packet is one frame.
 
 use aya_ebpf::{
     bindings::{BPF_F_INGRESS, TC_ACT_OK, TC_ACT_SHOT},
@@ -81,15 +86,21 @@ pub fn lossy(ctx: &TcContext, dir: u32) -> i32 {
         return TC_ACT_OK as i32;
     }
     let counters = LOSSY_COUNTERS.get_ptr_mut(key);
-    let count = |i: usize| {
+    let add = |i: usize, n: u64| {
         if let Some(c) = counters {
             // SAFETY: this CPU's value; `i` is below `counter::COUNT`.
-            unsafe { (*c)[i] += 1 };
+            unsafe { (*c)[i] += n };
         }
     };
+    let count = |i: usize| add(i, 1);
+    // A packet that segmentation offload built (or GRO merged) stands for
+    // `gso_segs` frames on a wire; any other packet for one.
+    let frames = u64::from(skb.gso_segs.max(1));
     count(counter::SEEN);
+    add(counter::FRAMES, frames);
     if chance(config.drop_ppm) {
         count(counter::DROPPED);
+        add(counter::FRAMES_DROPPED, frames);
         return TC_ACT_SHOT as i32;
     }
     if chance(config.duplicate_ppm) {

@@ -59,8 +59,13 @@ pub mod counter {
     pub const DROPPED: usize = 1;
     pub const DUPLICATED: usize = 2;
     pub const DELAYED: usize = 3;
+    /// Wire frames in the packets seen: a segmentation-offload (GSO or
+    /// GRO) packet counts its segments, any other packet one.
+    pub const FRAMES: usize = 4;
+    /// Wire frames in the packets dropped.
+    pub const FRAMES_DROPPED: usize = 5;
     /// Number of counters.
-    pub const COUNT: usize = 4;
+    pub const COUNT: usize = 6;
 }
 
 /// Per-CPU counters of one interface and direction, by [`counter`] index.

@@ -52,6 +52,16 @@ impl AsyncWorker {
         &self.core.params
     }
 
+    /// Sends runs of full chunks as one segmented send (UDP GSO), or not.
+    /// On by default where the kernel has `UDP_SEGMENT`; returns whether it
+    /// is on now. Off, every datagram is its own packet from the socket on,
+    /// at the cost of more work per datagram in the kernel: a tc program
+    /// (or anything else before the device) sees one frame per packet,
+    /// where a segmented send reaches it as one packet of many frames.
+    pub fn set_segmentation_offload(&mut self, on: bool) -> bool {
+        self.socket.get_mut().set_segmentation_offload(on)
+    }
+
     /// The address the worker's socket is bound to.
     ///
     /// # Errors
@@ -258,6 +268,16 @@ impl AsyncGroupWorker {
     /// The parameters the worker was created with.
     pub const fn params(&self) -> &GroupParams {
         &self.core.params
+    }
+
+    /// Sends runs of full chunks as one segmented send (UDP GSO), or not.
+    /// On by default where the kernel has `UDP_SEGMENT`; returns whether it
+    /// is on now. Off, every datagram is its own packet from the socket on,
+    /// at the cost of more work per datagram in the kernel: a tc program
+    /// (or anything else before the device) sees one frame per packet,
+    /// where a segmented send reaches it as one packet of many frames.
+    pub fn set_segmentation_offload(&mut self, on: bool) -> bool {
+        self.socket.get_mut().set_segmentation_offload(on)
     }
 
     /// The address the worker's socket is bound to.

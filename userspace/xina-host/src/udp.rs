@@ -343,6 +343,16 @@ impl Worker {
         &self.core.params
     }
 
+    /// Sends runs of full chunks as one segmented send (UDP GSO), or not.
+    /// On by default where the kernel has `UDP_SEGMENT`; returns whether it
+    /// is on now. Off, every datagram is its own packet from the socket on,
+    /// at the cost of more work per datagram in the kernel: a tc program
+    /// (or anything else before the device) sees one frame per packet,
+    /// where a segmented send reaches it as one packet of many frames.
+    pub fn set_segmentation_offload(&mut self, on: bool) -> bool {
+        self.socket.set_segmentation_offload(on)
+    }
+
     /// The address the worker's socket is bound to (the address the switch
     /// must know this rank by).
     ///
@@ -648,6 +658,16 @@ impl GroupWorker {
         &self.core.params
     }
 
+    /// Sends runs of full chunks as one segmented send (UDP GSO), or not.
+    /// On by default where the kernel has `UDP_SEGMENT`; returns whether it
+    /// is on now. Off, every datagram is its own packet from the socket on,
+    /// at the cost of more work per datagram in the kernel: a tc program
+    /// (or anything else before the device) sees one frame per packet,
+    /// where a segmented send reaches it as one packet of many frames.
+    pub fn set_segmentation_offload(&mut self, on: bool) -> bool {
+        self.socket.set_segmentation_offload(on)
+    }
+
     /// The address the worker's socket is bound to (the address the switch
     /// must know this rank by).
     ///
@@ -895,6 +915,13 @@ impl Socket {
         socket.grow_buffers();
         socket.gso = socket.probe_gso();
         socket
+    }
+
+    /// Turns segmented sends off, or on again if the kernel has them;
+    /// returns whether they are on.
+    pub(crate) fn set_segmentation_offload(&mut self, on: bool) -> bool {
+        self.gso = on && self.probe_gso();
+        self.gso
     }
 
     /// Whether the kernel knows the `UDP_SEGMENT` socket option (Linux 4.18),
@@ -1292,7 +1319,7 @@ mod tests {
     /// loopback and checks that each arrives on its own, whole and in order;
     /// returns whether the socket still uses GSO. `prepare` gets the sending
     /// socket first.
-    fn send_and_check(lens: &[usize], prepare: impl FnOnce(&Socket)) -> bool {
+    fn send_and_check(lens: &[usize], prepare: impl FnOnce(&mut Socket)) -> bool {
         let receiver = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
         let SocketAddr::V4(to) = receiver.local_addr().unwrap() else {
             unreachable!()
@@ -1305,7 +1332,7 @@ mod tests {
         let inner = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
         inner.set_nonblocking(true).unwrap();
         let mut socket = Socket::new(inner, to);
-        prepare(&socket);
+        prepare(&mut socket);
         let mut queue = queue_of(lens);
         while !queue.is_empty() {
             socket
@@ -1349,6 +1376,21 @@ mod tests {
         // 9000-byte frames: seven to a segmented send.
         assert_eq!(messages(&queue_of(&[8_972; 20]), true), [7, 7, 6]);
         send_and_check(&[8_972; 20], |_| ());
+    }
+
+    #[test]
+    fn segmentation_offload_turned_off_stays_off_and_comes_back_on_request() {
+        let mut probed = false;
+        let gso = send_and_check(&[8_972; 20], |socket| {
+            probed = socket.gso;
+            assert!(!socket.set_segmentation_offload(false));
+        });
+        assert!(!gso, "a full batch went out segmented after all");
+        let gso = send_and_check(&[8_972; 20], |socket| {
+            socket.set_segmentation_offload(false);
+            assert_eq!(socket.set_segmentation_offload(true), probed);
+        });
+        assert_eq!(gso, probed);
     }
 
     #[test]
