@@ -777,3 +777,45 @@ proptest! {
         prop_assert_eq!(cluster.next_chunk(0), chunks);
     }
 }
+
+/// Goodput under random loss of every datagram, both directions: 8 ranks,
+/// 9 KB chunks on 1 Gbit/s links, the second of two calls against the same
+/// call without loss, over several seeds. A lost retransmission is found
+/// like a lost first copy, a result of any copy ends the timeout's backoff,
+/// a rank's reordering allowance does not grow for good on resends that
+/// merely waited for another rank, and a window whose results stop is
+/// probed after two round trips: without those, 1% loss kept 68-81% and 5%
+/// loss 8-17% of the goodput here.
+#[test]
+fn random_loss_costs_about_what_is_lost() {
+    let call = |loss: f64, seed: u64| {
+        let mut config = ClusterConfig::new(8, 2235, 64);
+        config.link = LinkConfig {
+            loss,
+            latency: Duration::from_micros(200),
+            ..LinkConfig::shaped(1000, 4 << 20)
+        };
+        config.seed = seed;
+        let mut cluster = Cluster::new(config);
+        let len = 2235 * 2000;
+        allreduce_exact(&mut cluster, 8, len, 0);
+        let start = cluster.elapsed();
+        let stats = allreduce_exact(&mut cluster, 8, len, 1);
+        let took = cluster.elapsed() - start;
+        let timeouts: u64 = stats.iter().map(|s| s.timeouts).sum();
+        let probes: u64 = stats.iter().map(|s| s.probes).sum();
+        println!("seed {seed}, loss {loss}: {took:?}, {timeouts} timeouts, {probes} probes");
+        took.as_secs_f64()
+    };
+    let lossless = call(0.0, 0);
+    for seed in 0..4 {
+        for (loss, least) in [(0.01, 0.8), (0.05, 0.4)] {
+            let goodput = lossless / call(loss, seed);
+            assert!(
+                goodput >= least,
+                "seed {seed}: {}% loss kept {goodput:.2} of the lossless goodput (at least {least})",
+                loss * 100.0
+            );
+        }
+    }
+}
