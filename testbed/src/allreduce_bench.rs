@@ -107,6 +107,9 @@ pub const GOAL_LINK_FLATNESS: f64 = 1.15;
 /// Goal 3: xina's goodput at 1% loss at least 80% of lossless.
 pub const GOAL_LOSS_PCT: f64 = 1.0;
 pub const GOAL_GOODPUT_RATIO: f64 = 0.8;
+/// Issue 27: an 8-byte allreduce's median single call at `GOAL_LOSS_PCT`
+/// loss at most twice the lossless one (lossless over lossy, at least this).
+pub const GOAL_LOSS_LATENCY_RATIO: f64 = 0.5;
 
 /// An allreduce implementation under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
@@ -351,6 +354,11 @@ pub struct Record {
     pub iters: usize,
     /// Every repetition's time per allreduce, microseconds.
     pub times_us: Vec<f64>,
+    /// Single calls over the measured repetitions (each call's time: the
+    /// longest any rank spent in it), median and 99th percentile,
+    /// microseconds; `None` for Open MPI, whose program reports means.
+    pub call_p50_us: Option<f64>,
+    pub call_p99_us: Option<f64>,
     /// What the lossy links saw and dropped during the measured repetitions
     /// (all links, both directions), in wire frames; zero without loss.
     pub frames_seen: u64,
@@ -672,6 +680,8 @@ struct RankResult {
     window_trace: Vec<(f64, u32)>,
     /// The smoothed round trip at the end, microseconds (xina).
     srtt_us: f64,
+    /// How long each call took this rank, from its start to its return.
+    calls: Vec<Duration>,
     outcome: Result<(), String>,
 }
 
@@ -722,7 +732,9 @@ fn rank_loop(
         let (mut retransmits, mut fast_retransmits) = (0, 0);
         let (mut window, mut max_open, mut window_decreases) = (0, 0, 0);
         let mut outcome = Ok(());
+        let mut calls = Vec::with_capacity(bufs.len());
         for buf in &mut bufs {
+            let called = Instant::now();
             let done = match cmd.which {
                 Impl::Xina => worker
                     .allreduce_i32(buf)
@@ -739,6 +751,7 @@ fn rank_loop(
                     .map_err(|e| e.to_string()),
                 Impl::Mpi => Err("Open MPI runs in its own processes".to_owned()),
             };
+            calls.push(called.elapsed());
             match done {
                 Ok((r, fast)) => {
                     retransmits += r;
@@ -772,6 +785,7 @@ fn rank_loop(
                 .into_iter()
                 .map(|(t, w)| (t.saturating_duration_since(start).as_secs_f64() * 1e3, w))
                 .collect(),
+            calls,
             outcome,
         };
         if to_driver.send(Message::Done(result)).is_err() {
@@ -843,6 +857,9 @@ struct Rep {
     srtt_us: f64,
     /// With shaped links: the busiest link direction, Mbit/s.
     busiest_mbit: Option<f64>,
+    /// Each call's time: the longest any rank spent in it (empty for Open
+    /// MPI, whose program reports the loop's mean).
+    calls: Vec<Duration>,
 }
 
 impl Driver<'_, '_> {
@@ -1001,6 +1018,7 @@ impl Driver<'_, '_> {
                 window_trace: Vec::new(),
                 srtt_us: 0.0,
                 busiest_mbit: None,
+                calls: Vec::new(),
             });
         }
         for (tx, input) in self.commands.iter().zip(inputs) {
@@ -1055,6 +1073,16 @@ impl Driver<'_, '_> {
                 .map(|r| r.window_trace.clone())
                 .unwrap_or_default(),
             busiest_mbit: None,
+            calls: (0..iters)
+                .map(|i| {
+                    results
+                        .iter()
+                        .filter_map(|r| r.calls.get(i))
+                        .max()
+                        .copied()
+                        .unwrap_or_default()
+                })
+                .collect(),
         })
     }
 
@@ -1070,6 +1098,17 @@ impl Driver<'_, '_> {
         let times_us: Vec<f64> = reps.iter().map(|r| r.time.as_secs_f64() * 1e6).collect();
         let time_us = median(&times_us).unwrap_or(f64::NAN);
         let algbw_gbps = bytes as f64 / (time_us * 1e-6) / 1e9;
+        let mut calls_us: Vec<f64> = reps
+            .iter()
+            .flat_map(|r| r.calls.iter().map(|c| c.as_secs_f64() * 1e6))
+            .collect();
+        calls_us.sort_by(f64::total_cmp);
+        let quantile = |q: f64| {
+            (!calls_us.is_empty()).then(|| {
+                let at = (q * (calls_us.len() - 1) as f64).round() as usize;
+                calls_us[at]
+            })
+        };
         Record {
             implementation: which,
             frame_bytes: self.frame,
@@ -1111,6 +1150,8 @@ impl Driver<'_, '_> {
             reps: reps.len(),
             iters,
             times_us,
+            call_p50_us: quantile(0.5),
+            call_p99_us: quantile(0.99),
             frames_seen: frames.frames,
             frames_dropped: frames.frames_dropped,
             packets_seen: frames.seen,
@@ -1418,6 +1459,35 @@ pub fn judge_goals(records: &[Record]) -> Vec<Goal> {
         };
         goals.push(judge(what, r, threshold, detail));
     }
+    let p50 = |loss| {
+        find(records, Impl::Xina, goal_at, GOAL_LATENCY_BYTES, loss).and_then(|r| r.call_p50_us)
+    };
+    let (ratio, detail) = match (p50(0.0), p50(GOAL_LOSS_PCT)) {
+        (Some(clean), Some(lossy)) => (
+            Some(clean / lossy),
+            format!(
+                "xina, {GOAL_WORKERS} workers, MTU {frame}: median call {lossy:.1} us at \
+                 {GOAL_LOSS_PCT}% loss, {clean:.1} us lossless (lossless / lossy)"
+            ),
+        ),
+        _ => (
+            None,
+            format!(
+                "not measured (needs {GOAL_WORKERS} workers, {GOAL_LATENCY_BYTES} B, loss 0 and \
+                 {GOAL_LOSS_PCT})"
+            ),
+        ),
+    };
+    goals.push(judge(
+        format!(
+            "{GOAL_LATENCY_BYTES}-byte allreduce at {GOAL_LOSS_PCT}% loss: median call <= \
+             {}x lossless",
+            1.0 / GOAL_LOSS_LATENCY_RATIO
+        ),
+        ratio,
+        GOAL_LOSS_LATENCY_RATIO,
+        detail,
+    ));
     goals
 }
 

@@ -15,6 +15,7 @@ use anyhow::{Context as _, anyhow};
 use plotters::prelude::*;
 
 use crate::allreduce_bench::{Impl, Record, format_size};
+use crate::lossy::LossModel;
 
 /// The font the charts are labelled in.
 pub const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
@@ -208,14 +209,12 @@ pub fn loss_charts(dir: &Path, records: &[Record]) -> anyhow::Result<Vec<PathBuf
             "allreduce of {} at {workers} workers, MTU {frame}: time against loss",
             format_size(bytes)
         );
-        line_chart(
-            &path,
-            &title,
-            ("loss, % of frames each way", "seconds"),
-            &series,
-            true,
-        )
-        .context("the loss chart")?;
+        // Every record of one run has the same model.
+        let axis = match records.iter().find_map(|r| r.loss_model) {
+            Some(LossModel::Batch) => "loss, % of packets each way (offloads on)",
+            _ => "loss, % of frames each way",
+        };
+        line_chart(&path, &title, (axis, "seconds"), &series, true).context("the loss chart")?;
         written.push(path);
     }
     Ok(written)
