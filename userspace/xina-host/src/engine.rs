@@ -52,7 +52,8 @@
 //! [`RttEstimator`] (RFC 6298 smoothing of the time from sending a chunk to
 //! receiving its result, sampled only from chunks sent once, clamped to
 //! `min_rto..=max_rto`; before the first sample of a chunk as long,
-//! `initial_rto`; backed off after a timeout until the next sample; see
+//! `initial_rto`; backed off after a timeout until the next result (the next
+//! sample before any); see
 //! [`RttEstimator`]). A first copy times out only once no result at all has
 //! come for its timeout (as TCP restarts its timer on every new
 //! acknowledgement), so chunks queued behind others are not resent. While the
