@@ -22,6 +22,12 @@
 //! `rank × W + s mod W`, copy `(s / W) mod 2`, and goes out only once chunk
 //! `s − W` is acknowledged, so a slot copy is reused only after everything it
 //! held is done. Timeouts follow RFC 6298 ([`RttEstimator`]) with doubling.
+//! Within those `W`, the sender's congestion window ([`crate::congestion`],
+//! the workers' own, fed with the round trip from a chunk's first copy to
+//! the switch's acknowledgement that every receiver has it) bounds how many
+//! chunks are open, so a multicast sender does not queue its whole window
+//! in front of a slow link either; `Config::queue_target: None` keeps all
+//! `W` open.
 //!
 //! A receiver writes each chunk in place and acknowledges every data packet,
 //! duplicates and chunks of earlier calls included (its earlier
@@ -56,6 +62,7 @@ use xina_proto::{
     header::{HEADER_LEN, SLOT_VERSION_BIT},
 };
 
+use crate::congestion::{Sample, Window};
 use crate::engine::{Config, MAX_WINDOW, RttEstimator, Stats};
 use crate::error::{Error, GroupStall, SeqList};
 
@@ -165,6 +172,8 @@ pub struct GroupState {
     pub next: [u64; MAX_RANKS],
     /// Round trips measured so far.
     pub rtt: RttEstimator,
+    /// The congestion window of this member's own chunks.
+    pub window: Window,
     /// Datagrams of calls not started yet.
     pub stash: Vec<Vec<u8>>,
 }
@@ -174,6 +183,7 @@ impl Default for GroupState {
         Self {
             next: [0; MAX_RANKS],
             rtt: RttEstimator::new(),
+            window: Window::new(),
             stash: Vec::new(),
         }
     }
@@ -332,6 +342,11 @@ pub struct GroupEngine<'d> {
     /// Sequence numbers the next call of each sender starts at.
     next: [u64; MAX_RANKS],
     rtt: RttEstimator,
+    /// How many of its own chunks this member may have open.
+    congestion: Window,
+    /// Whether the window, not the slots or the data, last held a new
+    /// chunk back (the window grows only then).
+    limited: bool,
     /// Acknowledgements to send: (root, wire sequence number).
     acks: VecDeque<(u8, u32)>,
     /// Own chunks due for retransmission.
@@ -415,6 +430,8 @@ impl<'d> GroupEngine<'d> {
             own,
             next,
             rtt: state.rtt,
+            congestion: state.window,
+            limited: false,
             acks: VecDeque::new(),
             resend: VecDeque::new(),
             timers: BinaryHeap::new(),
@@ -446,6 +463,7 @@ impl<'d> GroupEngine<'d> {
         GroupState {
             next: self.next,
             rtt: self.rtt,
+            window: self.congestion,
             stash: self.stash,
         }
     }
@@ -457,7 +475,23 @@ impl<'d> GroupEngine<'d> {
 
     /// Counters so far.
     pub fn stats(&self) -> Stats {
-        self.stats
+        Stats {
+            window: self.window_stat(),
+            ..self.stats
+        }
+    }
+
+    /// How many of its own chunks this member may have open now.
+    pub fn window_limit(&self) -> usize {
+        if self.config.queue_target.is_some() {
+            self.congestion.limit(self.params.window)
+        } else {
+            self.params.window as usize
+        }
+    }
+
+    fn window_stat(&self) -> u32 {
+        u32::try_from(self.window_limit()).unwrap_or(u32::MAX)
     }
 
     /// The outcome, once: `Some` when the call completed or failed.
@@ -509,9 +543,19 @@ impl<'d> GroupEngine<'d> {
             let w = self.params.window;
             let i = s.next;
             if i >= s.chunks || (i >= w && s.state[(i - w) as usize] != chunk::DONE) {
+                self.limited = false;
+                return None;
+            }
+            // Chunks sent and not acknowledged: every chunk below `next`
+            // that is not done.
+            let open = (s.next - s.done) as usize;
+            if open >= self.window_limit() {
+                self.limited = true;
                 return None;
             }
             self.streams[own].next += 1;
+            let open = u32::try_from(open + 1).unwrap_or(u32::MAX);
+            self.stats.max_open = self.stats.max_open.max(open);
             i
         };
         Some(self.write_data(own, chunk, now, buf))
@@ -701,7 +745,17 @@ impl<'d> GroupEngine<'d> {
             && s.tries[idx] == 1
             && let Some(sent) = s.sent_at[idx]
         {
-            self.rtt.sample(now.saturating_duration_since(sent));
+            let rtt = now.saturating_duration_since(sent);
+            let bytes = s.bytes(i, usize::from(p.bytes_per_packet)).len();
+            self.rtt.sample(rtt);
+            if let Some(queue_target) = self.config.queue_target {
+                let srtt = self.rtt.smoothed().unwrap_or(rtt);
+                let before = self.congestion.decreases();
+                let sample = Sample { rtt, srtt, bytes };
+                self.congestion
+                    .on_result(now, sample, self.limited, p.window, queue_target);
+                self.stats.window_decreases += self.congestion.decreases() - before;
+            }
         }
         if mine {
             self.retransmit_early(si, i);
@@ -794,6 +848,18 @@ impl<'d> GroupEngine<'d> {
             if Some(si) == self.own {
                 // Re-armed when the chunk goes out again.
                 self.resend.push_back(i);
+                // A second timeout of a chunk with nothing acknowledged
+                // for a whole timeout is a stall: a queue that overflowed.
+                let waited = now.saturating_duration_since(self.last_progress);
+                if self.config.queue_target.is_some()
+                    && s.tries[idx] > 1
+                    && waited >= self.rtt.rto(&self.config)
+                {
+                    let srtt = self.rtt.smoothed().unwrap_or(self.config.initial_rto);
+                    let before = self.congestion.decreases();
+                    self.congestion.on_stall(now, srtt);
+                    self.stats.window_decreases += self.congestion.decreases() - before;
+                }
             } else {
                 let seq = s.seq(i);
                 s.tries[idx] = s.tries[idx].saturating_add(1);
@@ -886,7 +952,7 @@ impl<'d> GroupEngine<'d> {
     fn check_done(&mut self, now: Instant) {
         if self.outcome.is_none() && self.finished() {
             self.stats.elapsed = now.saturating_duration_since(self.started);
-            self.outcome = Some(Ok(self.stats));
+            self.outcome = Some(Ok(self.stats()));
         }
     }
 }
@@ -945,9 +1011,14 @@ mod tests {
     fn a_chunk_three_behind_completed_ones_goes_again_before_its_timeout() {
         let now = Instant::now();
         let mut data = vec![7u8; 200];
+        // Every slot open: the window is not what this is about.
+        let config = Config {
+            queue_target: None,
+            ..Config::default()
+        };
         let mut root = GroupEngine::new(
             params(0),
-            Config::default(),
+            config,
             GroupCollective::Broadcast { root: 0 },
             &mut data,
             &mut GroupState::default(),

@@ -323,6 +323,11 @@ impl GroupCluster {
         &self.switch
     }
 
+    /// What member `rank` carries from call to call (round trips, window).
+    pub fn state(&self, rank: u8) -> &GroupState {
+        &self.states[usize::from(rank)]
+    }
+
     /// The network.
     pub const fn network(&self) -> &Network {
         &self.net

@@ -193,15 +193,16 @@ fn a_dead_receiver_is_named_by_the_root_and_does_not_block_the_others() {
     config.dead = 1 << 2;
     let mut cluster = GroupCluster::new(config);
     let data = bytes(5_000, 3);
-    // A broadcast that fits the root's window completes for the live
-    // receivers: they hold every chunk and the switch's report does not list
-    // them.
+    // A broadcast that fits the root's window (its congestion window's
+    // first four chunks: nothing it sends is acknowledged by all, so it
+    // never grows) completes for the live receivers: they hold every chunk
+    // and the switch's report does not list them.
     let mut small: Vec<Vec<u8>> = (0..fan_in)
         .map(|r| {
             if r == 0 {
-                data[..700].to_vec()
+                data[..400].to_vec()
             } else {
-                vec![0; 700]
+                vec![0; 400]
             }
         })
         .collect();
@@ -218,7 +219,7 @@ fn a_dead_receiver_is_named_by_the_root_and_does_not_block_the_others() {
             "rank {r}: {:?}",
             round.outcomes[r]
         );
-        assert_eq!(small[r], data[..700], "rank {r}");
+        assert_eq!(small[r], data[..400], "rank {r}");
     }
     let mut bufs: Vec<Vec<u8>> = (0..fan_in)
         .map(|r| if r == 0 { data.clone() } else { vec![0; 5_000] })
@@ -307,4 +308,66 @@ fn a_dead_root_is_named_by_every_receiver() {
             other => panic!("rank {r}: {other:?}"),
         }
     }
+}
+
+/// A broadcast over links of 100 Mbit/s: with the sender's congestion
+/// window it takes the link's time, resends nothing and keeps the queue
+/// short; with every slot open (no congestion control) the whole window
+/// waits in the queue, and its timeouts fire on chunks that are only
+/// queued (227-295 ms against a bound of 176, hundreds resent).
+#[test]
+fn a_broadcast_sender_fills_a_shaped_link_with_a_short_queue() {
+    use xina_host::sim::FRAME_OVERHEAD;
+    const BPP: u16 = 1440;
+    const WINDOW: u32 = 64;
+    let len: usize = 2 << 20;
+    let mbit = 100;
+    let chunks = len.div_ceil(usize::from(BPP)) as u64;
+    let wire = len as u64 + chunks * (xina_proto::header::HEADER_LEN as u64 + FRAME_OVERHEAD);
+    let bound = Duration::from_nanos(wire * 8_000 / mbit);
+    let mut results = Vec::new();
+    for fixed in [false, true] {
+        let mut config = GroupClusterConfig::new(4, BPP, WINDOW);
+        config.link = LinkConfig::shaped(mbit, 4 << 20);
+        if fixed {
+            config.engine.queue_target = None;
+        }
+        let mut cluster = GroupCluster::new(config);
+        for call in 0..2 {
+            let round = broadcast(&mut cluster, 4, 0, len, call);
+            let root = round.outcomes[0].as_ref().unwrap().as_ref().unwrap();
+            let resent: u64 = round
+                .outcomes
+                .iter()
+                .map(|o| o.as_ref().unwrap().as_ref().unwrap().retransmissions)
+                .sum();
+            println!(
+                "fixed {fixed}, call {call}: {:?} (bound {bound:?}), window {}, at most {} open, \
+                 {} decreases, {resent} resent, srtt {:?}",
+                round.elapsed,
+                root.window,
+                root.max_open,
+                root.window_decreases,
+                cluster.state(0).rtt.smoothed()
+            );
+            if call == 1 {
+                let srtt = cluster.state(0).rtt.smoothed().expect("sampled");
+                results.push((round.elapsed, root.max_open, resent, srtt));
+            }
+        }
+    }
+    let [(took, open, resent, srtt), (_, fixed_open, _, fixed_srtt)] = results[..] else {
+        unreachable!()
+    };
+    assert!(
+        took.as_secs_f64() <= 1.05 * bound.as_secs_f64(),
+        "{took:?} against a link bound of {bound:?}"
+    );
+    assert_eq!(resent, 0);
+    assert_eq!(fixed_open, WINDOW);
+    assert!(open < WINDOW / 2, "{open} open");
+    assert!(
+        srtt < fixed_srtt / 2,
+        "round trip {srtt:?}, {fixed_srtt:?} with every slot open"
+    );
 }
