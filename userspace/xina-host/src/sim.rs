@@ -7,7 +7,7 @@
 //!   for the sender).
 //! - [`Network`]: datagrams in flight between [`Endpoint`]s with seeded loss,
 //!   duplication and reordering ([`LinkConfig`]), in simulated time.
-//! - [`Cluster`]: `fan_in` [`Engine`](crate::Engine)s, the switch model and the
+//! - [`Cluster`]: `fan_in` [`Engine`]s, the switch model and the
 //!   network in one discrete-event loop, with dead ranks and start skew; it
 //!   keeps the switch state and every rank's chunk numbers across calls.
 //! - [`SplitMix64`]: the tiny pseudo-random generator behind it all, so a seed
