@@ -49,6 +49,8 @@ command -v bpftool >/dev/null || missing+=(bpftool)
 # The benches' Open MPI column: mpirun, and mpicc with the headers.
 command -v mpirun >/dev/null || missing+=(openmpi-bin)
 command -v mpicc >/dev/null || missing+=(libopenmpi-dev)
+# The C interface's header test compiles a C program (rustc links with cc too).
+command -v cc >/dev/null || missing+=(gcc)
 # The benches' charts (--plot) are labelled in DejaVu Sans.
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
 if [ ${#missing[@]} -gt 0 ]; then
