@@ -105,7 +105,11 @@
 //! the 5 ms timeout floor, and a stalled window starts again as soon. A
 //! probe whose chunk was complete is answered from the slot; one whose
 //! chunk waits for another rank costs a datagram (that rank probes too).
-//! While results flow, none fires.
+//! While results flow, none fires; outside the tail, none fires unless a
+//! chunk went again on evidence of a loss within [`LOSS_MEMORY`]: without
+//! loss, results pause when a rank is not scheduled (8 ranks on 2 CPUs:
+//! often for longer than two round trips), and probing then resent up to
+//! 1% of the chunks for nothing.
 //!
 //! A result carrying [`Flags::OVERFLOW`] makes the call fail
 //! with [`Error::Overflow`] once every chunk is complete (the engine keeps
@@ -488,6 +492,11 @@ pub struct RttEstimator {
 /// allowance goes back to a quarter of the round trip (RFC 8985's
 /// `reo_wnd_persist`).
 pub const REORDER_PERSIST: u8 = 16;
+
+/// How long after the last retransmission on evidence of a loss (at once or
+/// after a timeout) open first copies are still probed outside a call's
+/// tail (see the module docs).
+pub const LOSS_MEMORY: Duration = Duration::from_millis(100);
 
 /// The most doublings [`RttEstimator::on_timeout`] keeps.
 const MAX_BACKOFF: u8 = 6;
@@ -919,6 +928,9 @@ pub struct Engine<'a, T: Element> {
     started: Instant,
     last_event: Instant,
     last_progress: Instant,
+    /// When a chunk last went again on evidence of a loss (at once, or
+    /// after its timeout): probes outside the tail only follow one.
+    last_loss: Option<Instant>,
     finished: Option<Instant>,
     /// The first overflowing chunk and how many chunks overflowed.
     overflow: Option<(usize, usize)>,
@@ -1063,6 +1075,7 @@ impl<'a, T: Element> Engine<'a, T> {
             started: now,
             last_event: now,
             last_progress: now,
+            last_loss: None,
             finished: None,
             overflow: None,
             overflowed: None,
@@ -1269,6 +1282,9 @@ impl<'a, T: Element> Engine<'a, T> {
                 Resend::Probe => self.stats.probes += 1,
                 Resend::Timeout => {}
             }
+            if why != Resend::Probe {
+                self.last_loss = Some(now);
+            }
             self.rto_bound = self.rto_bound.max(rto);
             return Some(self.emit(k, true, buf));
         }
@@ -1280,7 +1296,11 @@ impl<'a, T: Element> Engine<'a, T> {
             self.rto_bound = self.rto_bound.max(rto);
             // Its timer fires at its probe time, when there is one; it is
             // pushed back while results flow (`handle_timeout`).
-            let at = now + self.probe_timeout(bytes).map_or(rto, |pto| pto.min(rto));
+            let at = now
+                + self
+                    .probe_timeout(bytes)
+                    .filter(|_| self.losing(now))
+                    .map_or(rto, |pto| pto.min(rto));
             self.open += 1;
             self.stats.max_open = self
                 .stats
@@ -1491,7 +1511,14 @@ impl<'a, T: Element> Engine<'a, T> {
         }
         let mut fired = false;
         let learned = self.rtt.sampled_bytes();
-        let pto = self.probe_timeout(learned);
+        // Outside the tail, only while losses are being found: a pause in
+        // the results of a lossless run is a rank that was not scheduled
+        // (on a busy host, often longer than two round trips), and probing
+        // every open chunk then only adds load.
+        let tail = self.next == self.chunks;
+        let pto = self
+            .probe_timeout(learned)
+            .filter(|_| tail || self.losing(now));
         while let Some(&Reverse(timer)) = self.timers.peek() {
             if timer.at > now {
                 break;
@@ -1615,6 +1642,13 @@ impl<'a, T: Element> Engine<'a, T> {
                 }
             }
         }
+    }
+
+    /// Whether a chunk went again on evidence of a loss within the last
+    /// [`LOSS_MEMORY`].
+    fn losing(&self, now: Instant) -> bool {
+        self.last_loss
+            .is_some_and(|t| now.saturating_duration_since(t) <= LOSS_MEMORY)
     }
 
     /// How long an open first copy of `bytes` waits without any result
@@ -2166,6 +2200,50 @@ mod tests {
         // window goes on with new chunks.
         assert_eq!(sent(&mut engine, t0 + 6 * MS).map(|s| s.0.seq), Some(4));
         assert_eq!(resends(&engine), (2, 2, 0));
+    }
+
+    #[test]
+    fn results_that_pause_are_probed_mid_call_only_while_losses_are_found() {
+        let t0 = Instant::now();
+        let mut data = [1; 8];
+        let mut engine = start(member(0, 2, 1, 8), Config::default(), 0, &mut data, t0);
+        // Chunks 0 and 1 at 0 ms, 2 and 3 at 0.5 ms.
+        let chunks: Vec<Repr> = (0..4)
+            .map(|i| sent(&mut engine, t0 + (i / 2) * MS / 2).expect("a chunk").0)
+            .collect();
+        // Chunk 0 back after 1 ms: probes would wait 2 ms (twice that).
+        engine.handle_packet(t0 + MS, &result(&chunks[0], &[2], 0));
+        let opened = sent(&mut engine, t0 + MS).expect("chunk 4").0;
+        // Nothing for 3 ms, nothing lost so far: a pause, not probed; the
+        // open chunks wait for their timeouts (5 ms floor).
+        engine.handle_timeout(t0 + 4 * MS);
+        assert!(sent(&mut engine, t0 + 4 * MS).is_none());
+        assert!(engine.poll_timeout().unwrap() >= t0 + 5 * MS);
+        // Chunk 2's result: chunk 1, sent before it, is lost and goes at
+        // once. From then on a pause is probed after two round trips.
+        engine.handle_packet(t0 + 4 * MS, &result(&chunks[2], &[2], 0));
+        let again = sent(&mut engine, t0 + 4 * MS).expect("chunk 1 again").0;
+        assert_eq!(again.seq, chunks[1].seq);
+        while sent(&mut engine, t0 + 4 * MS).is_some() {}
+        let (probed, at) = loop {
+            let at = engine.poll_timeout().expect("a timer");
+            engine.handle_timeout(at);
+            let out: Vec<u32> = std::iter::from_fn(|| sent(&mut engine, at))
+                .map(|(r, _, _)| r.seq)
+                .collect();
+            if !out.is_empty() {
+                break (out, at);
+            }
+        };
+        assert!(
+            probed.contains(&chunks[3].seq) && probed.contains(&opened.seq),
+            "probed {probed:?}"
+        );
+        let stats = engine.stats();
+        assert_eq!((stats.probes, stats.timeouts), (probed.len() as u64, 0));
+        // Two round trips after the last result, not a timeout later.
+        let srtt = engine.rtt().smoothed().unwrap();
+        assert!(at <= t0 + 4 * MS + 2 * srtt, "{:?}", at - t0);
     }
 
     #[test]
