@@ -80,8 +80,9 @@ typedef struct XinaJobParams {
   uint32_t slots;
   // An [`XinaOp`].
   uint32_t op;
-  // An [`XinaType`]: what the members pass (`XINA_TYPE_FLOAT32` for a
-  // float job, installed as int32).
+  // An [`XinaType`]: the job's element type on the switch. A float32
+  // job is an int32 job: `XINA_TYPE_INT32` and `XINA_TYPE_FLOAT32` make
+  // the same member, which takes int32 and float32 buffers alike.
   uint32_t elem_type;
   // An [`XinaMode`].
   uint32_t mode;

@@ -104,8 +104,9 @@ pub struct XinaJobParams {
     pub slots: u32,
     /// An [`XinaOp`].
     pub op: u32,
-    /// An [`XinaType`]: what the members pass (`XINA_TYPE_FLOAT32` for a
-    /// float job, installed as int32).
+    /// An [`XinaType`]: the job's element type on the switch. A float32
+    /// job is an int32 job: `XINA_TYPE_INT32` and `XINA_TYPE_FLOAT32` make
+    /// the same member, which takes int32 and float32 buffers alike.
     pub elem_type: u32,
     /// An [`XinaMode`].
     pub mode: u32,
@@ -188,7 +189,6 @@ impl XinaStats {
 #[derive(Debug)]
 pub struct XinaWorker {
     worker: Worker,
-    elem_type: XinaType,
     last: XinaStats,
     total: XinaStats,
 }
@@ -315,7 +315,6 @@ const ANY: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0);
 /// The values of a job member, checked.
 struct Job {
     params: JobParams,
-    elem_type: XinaType,
     bind: SocketAddrV4,
     give_up_ms: u32,
 }
@@ -342,7 +341,6 @@ fn job_from(p: &XinaJobParams) -> Result<Job, Failure> {
             mode: mode(p.mode)?,
             switch: address(switch, "switch_addr")?,
         },
-        elem_type,
         bind: bind.map_or(Ok(ANY), |b| address(b, "bind_addr"))?,
         give_up_ms: p.give_up_ms,
     })
@@ -415,7 +413,6 @@ fn job_from_env() -> Result<Job, Failure> {
             mode,
             switch: address(switch.trim(), "XINA_SWITCH")?,
         },
-        elem_type,
         bind: bind.map_or(Ok(ANY), |b| address(b.trim(), "XINA_BIND"))?,
         give_up_ms: env_number("XINA_GIVE_UP_MS", Some(0))?,
     })
@@ -431,7 +428,6 @@ unsafe fn new_worker(job: Result<Job, Failure>, out: *mut *mut XinaWorker) -> Ou
     let worker = Worker::new(job.params, job.bind, config(job.give_up_ms))?;
     let handle = Box::new(XinaWorker {
         worker,
-        elem_type: job.elem_type,
         last: XinaStats::default(),
         total: XinaStats::default(),
     });
@@ -543,13 +539,9 @@ unsafe fn collective(
     run(|| {
         // SAFETY: the caller's promise.
         let w = unsafe { worker_mut(worker) }?;
+        // The job refuses data of another type than it carries, naming
+        // both (float32 rides on int32 jobs).
         let t = self::elem_type(elem_type, "elem_type")?;
-        if t != w.elem_type {
-            return Err(invalid(format!(
-                "elem_type: {t:?} data on a member created for {:?}",
-                w.elem_type
-            )));
-        }
         // SAFETY: the caller's promise for `data` and `count`.
         let stats = unsafe {
             match t {

@@ -401,9 +401,9 @@ fn careless_arguments_get_a_status_and_a_message_naming_them() {
         let odd = base.cast::<u8>().add(1).cast::<c_void>();
         assert_eq!(xina_allreduce(w, odd, 4, 0), XinaStatus::InvalidArgument);
         assert!(last_error().contains("aligned"), "{}", last_error());
-        // Data of another type than the member's.
+        // Data of another type than the job carries.
         assert_eq!(xina_allreduce(w, base, 4, 1), XinaStatus::InvalidArgument);
-        assert!(last_error().contains("elem_type"), "{}", last_error());
+        assert!(last_error().contains("int64"), "{}", last_error());
         assert_eq!(xina_allreduce(w, base, 4, 42), XinaStatus::InvalidArgument);
         // A reduce on an allreduce job: refused before anything is sent.
         assert_eq!(xina_reduce(w, 0, base, 8, 0), XinaStatus::InvalidArgument);
