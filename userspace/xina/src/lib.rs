@@ -20,6 +20,7 @@ pub mod config;
 pub mod control;
 pub mod dataplane;
 pub mod frame;
+pub mod metrics;
 pub mod netdev;
 pub mod p4;
 pub mod pin;

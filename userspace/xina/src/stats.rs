@@ -100,32 +100,3 @@ pub fn blocks_table(now: &Stats, before: Option<(&Stats, f64)>) -> String {
     }
     out
 }
-
-/// The Prometheus text exposition of `stats` for switch `name`: one
-/// counter family per counter, labelled by scope (`switch`, `job`, `port`).
-pub fn prometheus(name: &str, stats: &Stats) -> String {
-    let mut out = String::new();
-    for c in Counter::ALL {
-        let metric = format!("xina_{}_total", c.name());
-        let _ = writeln!(out, "# TYPE {metric} counter");
-        let v = stats.switch.get(c.name()).copied().unwrap_or(0);
-        let _ = writeln!(out, "{metric}{{switch=\"{name}\",scope=\"switch\"}} {v}");
-        for b in &stats.jobs {
-            let v = b.counters.get(c.name()).copied().unwrap_or(0);
-            let _ = writeln!(
-                out,
-                "{metric}{{switch=\"{name}\",scope=\"job\",job=\"{}\"}} {v}",
-                b.name
-            );
-        }
-        for b in &stats.ports {
-            let v = b.counters.get(c.name()).copied().unwrap_or(0);
-            let _ = writeln!(
-                out,
-                "{metric}{{switch=\"{name}\",scope=\"port\",port=\"{}\"}} {v}",
-                b.name
-            );
-        }
-    }
-    out
-}

@@ -116,7 +116,7 @@ impl Xina<'_> {
 /// loopback, fetches `/metrics` once, and stops it.
 fn scrape(star: &Star, xina: &Xina<'_>) -> String {
     let mut exporter = xina
-        .command(&["exporter", "--listen", "127.0.0.1:0"])
+        .command(&["exporter", "--listen", "127.0.0.1:0", "--per-job"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -356,7 +356,7 @@ fn a_pinned_switch_outlives_its_control_plane() {
         assert!(counter(&stats, "jobs", "1", "completed") > 0);
         // Prometheus scrapes the same counters.
         let metrics = scrape(&star, &xina);
-        let line = format!("xina_completed_total{{switch=\"{name}\",scope=\"job\",job=\"1\"}} ");
+        let line = format!("xina_job_chunks_completed_total{{switch=\"{name}\",job=\"1\"}} ");
         let value: u64 = metrics
             .lines()
             .find_map(|l| l.strip_prefix(&line))

@@ -17,22 +17,30 @@ pub struct Args {
     /// Also serve the counters to Prometheus on this address (`GET /metrics`).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
+    /// With `--metrics`: also series per job and group (frames, completed
+    /// chunks, drops by reason).
+    #[arg(long, requires = "metrics")]
+    pub per_job: bool,
 }
 
 pub fn run(global: &Global, args: &Args) -> anyhow::Result<()> {
     let dir = global.pin_dir()?;
     let logger = Dataplane::open_logger(&dir).with_context(|| format!("switch {}", dir.name()))?;
-    serve(Some(logger), args.metrics.map(|a| (a, dir)))
+    serve(Some(logger), args.metrics.map(|a| (a, dir, args.per_job)))
 }
 
 /// Forwards `logger`'s records (at their level, debug for the dataplane's)
-/// and serves metrics of switch `dir` on `addr`, until Ctrl-C or SIGTERM.
-pub fn serve(logger: Option<Logger>, metrics: Option<(SocketAddr, PinDir)>) -> anyhow::Result<()> {
-    if let Some((addr, dir)) = metrics {
+/// and serves metrics of switch `dir` on `addr` (with per-job series if
+/// asked), until Ctrl-C or SIGTERM.
+pub fn serve(
+    logger: Option<Logger>,
+    metrics: Option<(SocketAddr, PinDir, bool)>,
+) -> anyhow::Result<()> {
+    if let Some((addr, dir, per_job)) = metrics {
         let listener = super::stats::listen(addr)?;
         std::thread::Builder::new()
             .name("xina-metrics".to_owned())
-            .spawn(move || super::stats::serve_metrics(&listener, &dir))
+            .spawn(move || super::stats::serve_metrics(&listener, &dir, per_job))
             .context("starting the metrics thread")?;
     }
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -60,13 +60,17 @@ pub struct ExporterArgs {
     /// Address to serve `GET /metrics` on.
     #[arg(long, default_value = "127.0.0.1:9860")]
     listen: SocketAddr,
+    /// Also series per job and group (frames, completed chunks, drops by
+    /// reason).
+    #[arg(long)]
+    per_job: bool,
 }
 
 /// Serves the counters in the Prometheus text format until interrupted.
 pub fn exporter(global: &Global, args: &ExporterArgs) -> anyhow::Result<()> {
     let dir = global.pin_dir()?;
     let listener = listen(args.listen)?;
-    serve_metrics(&listener, &dir);
+    serve_metrics(&listener, &dir, args.per_job);
     Ok(())
 }
 
@@ -81,7 +85,7 @@ pub fn listen(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 
 /// Answers `GET /metrics` with switch `dir`'s counters, reading the pinned
 /// maps at every scrape (one request at a time); 503 while the switch is down.
-pub fn serve_metrics(listener: &TcpListener, dir: &PinDir) {
+pub fn serve_metrics(listener: &TcpListener, dir: &PinDir, per_job: bool) {
     for conn in listener.incoming() {
         let Ok(mut conn) = conn else { continue };
         let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
@@ -93,9 +97,17 @@ pub fn serve_metrics(listener: &TcpListener, dir: &PinDir) {
             match control::open(dir)
                 .map_err(anyhow::Error::from)
                 .and_then(|sw| {
-                    Ok(xina::stats::prometheus(
+                    let table = xina::metrics::Table {
+                        jobs: sw.dp.jobs().count() as u64,
+                        slots_used: sw.dp.jobs().map(|j| u64::from(j.slot_count)).sum(),
+                        slot_pool: u64::from(sw.dp.slot_pool()),
+                    };
+                    let stats = control::stats(&sw.dp)?;
+                    Ok(xina::metrics::exposition(
                         dir.name(),
-                        &control::stats(&sw.dp)?,
+                        &stats,
+                        table,
+                        per_job,
                     ))
                 }) {
                 Ok(body) => ("200 OK", body),

@@ -150,7 +150,10 @@ pub fn run(global: &Global, cmd: &Command) -> anyhow::Result<()> {
             if args.foreground || args.daemon.metrics.is_some() {
                 use std::io::Write as _;
                 std::io::stdout().flush()?;
-                let metrics = args.daemon.metrics.map(|a| (a, dir.clone()));
+                let metrics = args
+                    .daemon
+                    .metrics
+                    .map(|a| (a, dir.clone(), args.daemon.per_job));
                 super::daemon::serve(dp.take_logger(), metrics)?;
             }
             Ok(())
