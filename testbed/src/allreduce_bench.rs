@@ -270,7 +270,7 @@ impl AllreduceBenchSpec {
 
     /// Whether the links run without offloads for per-frame loss.
     pub fn per_frame(&self) -> bool {
-        self.loss_model == LossModel::Frame && self.losses.iter().any(|&l| l > 0.0)
+        self.loss_model_used() == Some(LossModel::Frame)
     }
 
     /// The loss model the records say they ran under (`None` without loss).

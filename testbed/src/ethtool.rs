@@ -17,12 +17,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 const ETHTOOL_GTXCSUM: u32 = 0x16;
 /// `ETHTOOL_STXCSUM`: set TX checksum offload.
 const ETHTOOL_STXCSUM: u32 = 0x17;
-/// `ETHTOOL_GTSO`: get TCP segmentation offload.
-const ETHTOOL_GTSO: u32 = 0x1e;
 /// `ETHTOOL_STSO`: set TCP segmentation offload.
 const ETHTOOL_STSO: u32 = 0x1f;
-/// `ETHTOOL_GGSO`: get generic segmentation offload.
-const ETHTOOL_GGSO: u32 = 0x23;
 /// `ETHTOOL_SGSO`: set generic segmentation offload.
 const ETHTOOL_SGSO: u32 = 0x24;
 /// `ETHTOOL_GGRO`: get generic receive offload.
@@ -127,19 +123,9 @@ pub fn set_gro(iface: &str, on: bool) -> Result<(), Error> {
     set(iface, ETHTOOL_SGRO, on, "set generic-receive-offload")
 }
 
-/// Whether TCP segmentation offload is on.
-pub fn tso(iface: &str) -> Result<bool, Error> {
-    get(iface, ETHTOOL_GTSO, "get tcp-segmentation-offload")
-}
-
 /// Turns TCP segmentation offload on or off (`ethtool -K IFACE tso on|off`).
 pub fn set_tso(iface: &str, on: bool) -> Result<(), Error> {
     set(iface, ETHTOOL_STSO, on, "set tcp-segmentation-offload")
-}
-
-/// Whether generic segmentation offload is on.
-pub fn gso(iface: &str) -> Result<bool, Error> {
-    get(iface, ETHTOOL_GGSO, "get generic-segmentation-offload")
 }
 
 /// Turns generic segmentation offload on or off (`ethtool -K IFACE gso on|off`).

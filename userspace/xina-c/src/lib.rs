@@ -70,6 +70,16 @@ pub enum XinaType {
     Float32 = 2,
 }
 
+impl XinaType {
+    /// The element type a job of this type carries on the switch.
+    const fn on_the_switch(self) -> DType {
+        match self {
+            Self::Int64 => DType::I64,
+            Self::Int32 | Self::Float32 => DType::I32,
+        }
+    }
+}
+
 /// How a job combines its elements.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -334,10 +344,7 @@ fn job_from(p: &XinaJobParams) -> Result<Job, Failure> {
             elems_per_packet: p.elems_per_packet,
             slots: p.slots,
             op: op(p.op)?,
-            dtype: match elem_type {
-                XinaType::Int64 => DType::I64,
-                XinaType::Int32 | XinaType::Float32 => DType::I32,
-            },
+            dtype: elem_type.on_the_switch(),
             mode: mode(p.mode)?,
             switch: address(switch, "switch_addr")?,
         },
@@ -406,10 +413,7 @@ fn job_from_env() -> Result<Job, Failure> {
             elems_per_packet: env_number("XINA_ELEMS_PER_PACKET", None)?,
             slots: env_number("XINA_SLOTS", None)?,
             op,
-            dtype: match elem_type {
-                XinaType::Int64 => DType::I64,
-                XinaType::Int32 | XinaType::Float32 => DType::I32,
-            },
+            dtype: elem_type.on_the_switch(),
             mode,
             switch: address(switch.trim(), "XINA_SWITCH")?,
         },

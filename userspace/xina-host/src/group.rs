@@ -476,7 +476,7 @@ impl<'d> GroupEngine<'d> {
     /// Counters so far.
     pub fn stats(&self) -> Stats {
         Stats {
-            window: self.window_stat(),
+            window: u32::try_from(self.window_limit()).unwrap_or(u32::MAX),
             ..self.stats
         }
     }
@@ -488,10 +488,6 @@ impl<'d> GroupEngine<'d> {
         } else {
             self.params.window as usize
         }
-    }
-
-    fn window_stat(&self) -> u32 {
-        u32::try_from(self.window_limit()).unwrap_or(u32::MAX)
     }
 
     /// The outcome, once: `Some` when the call completed or failed.

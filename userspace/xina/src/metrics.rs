@@ -129,13 +129,6 @@ pub struct Table {
     pub slot_pool: u64,
 }
 
-fn family<L, M: Default>() -> Family<L, M>
-where
-    L: Clone + std::hash::Hash + Eq,
-{
-    Family::default()
-}
-
 /// The exposition of switch `name`'s counters and job table; per-job series
 /// only with `per_job` (a switch with many tenants would otherwise hand
 /// Prometheus a series per job and reason).
@@ -146,12 +139,12 @@ pub fn exposition(name: &str, stats: &Stats, table: Table, per_job: bool) -> Str
     let switch = || name.to_owned();
     let mut registry = Registry::default();
 
-    let frames = family::<Switch, Total>();
-    let outcomes = family::<SwitchOutcome, Total>();
-    let dropped = family::<SwitchReason, Total>();
-    let contributions = family::<Switch, Total>();
-    let copies = family::<SwitchKind, Total>();
-    let skipped = family::<SwitchReason, Total>();
+    let frames = Family::<Switch, Total>::default();
+    let outcomes = Family::<SwitchOutcome, Total>::default();
+    let dropped = Family::<SwitchReason, Total>::default();
+    let contributions = Family::<Switch, Total>::default();
+    let copies = Family::<SwitchKind, Total>::default();
+    let skipped = Family::<SwitchReason, Total>::default();
     for c in Counter::ALL {
         let v = stats.switch.get(c.name()).copied().unwrap_or(0);
         let s = switch();
@@ -216,8 +209,8 @@ pub fn exposition(name: &str, stats: &Stats, table: Table, per_job: bool) -> Str
         skipped,
     );
 
-    let port_frames = family::<Port, Total>();
-    let port_copies = family::<PortKind, Total>();
+    let port_frames = Family::<Port, Total>::default();
+    let port_copies = Family::<PortKind, Total>::default();
     for b in &stats.ports {
         let get = |c: Counter| b.counters.get(c.name()).copied().unwrap_or(0);
         port_frames
@@ -250,9 +243,9 @@ pub fn exposition(name: &str, stats: &Stats, table: Table, per_job: bool) -> Str
     );
 
     if per_job {
-        let job_frames = family::<Job, Total>();
-        let job_completed = family::<Job, Total>();
-        let job_dropped = family::<JobReason, Total>();
+        let job_frames = Family::<Job, Total>::default();
+        let job_completed = Family::<Job, Total>::default();
+        let job_dropped = Family::<JobReason, Total>::default();
         for b in &stats.jobs {
             let get = |c: Counter| b.counters.get(c.name()).copied().unwrap_or(0);
             let job = || Job {
