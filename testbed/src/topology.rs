@@ -29,9 +29,14 @@ pub const PREFIX_LEN: u8 = 24;
 /// port's MAC through a permanent neighbour entry.
 pub const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 254);
 
-/// Most workers a [`Star`] takes: host numbers 1 to 253 of the /24 (254 is the
-/// service address, 255 broadcast).
-pub const MAX_WORKERS: usize = 253;
+/// The switch host's own address, on the bridge of its ports: where a job
+/// service (`xina serve`) listens. Workers and the switch namespace know
+/// each other's MACs through permanent neighbour entries.
+pub const CONTROL_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 253);
+
+/// Most workers a [`Star`] takes: host numbers 1 to 252 of the /24 (253 is the
+/// control address, 254 the service address, 255 broadcast).
+pub const MAX_WORKERS: usize = 252;
 
 /// Most TX and RX queues a [`Star`]'s veths take (see [`StarOptions::queues`]).
 pub const MAX_QUEUES: u32 = 64;
@@ -64,6 +69,12 @@ impl MacAddr {
     /// (`x`, `s` in the second and third bytes).
     fn switch_port(rank: usize) -> Self {
         Self([0x02, b'x', b's', 0, 0, host_byte(rank)])
+    }
+
+    /// MAC of the switch namespace's bridge, which carries [`CONTROL_IP`]:
+    /// `02:78:62:00:00:00` (`x`, `b`).
+    const fn bridge() -> Self {
+        Self([0x02, b'x', b'b', 0, 0, 0])
     }
 
     /// MAC of worker `rank`'s interface: `02:78:77:00:00:(rank + 1)` (`x`, `w`).
@@ -270,11 +281,13 @@ impl StarOptions {
 /// - Switch ports are up, with no address, enslaved to a bridge `xbTOKEN`; XDP
 ///   programs attach there. What XDP passes (anything not xina) is bridged, so
 ///   workers also reach each other directly, over the same links (for
-///   host-based baselines).
+///   host-based baselines). The bridge carries [`CONTROL_IP`] (a job service
+///   listens there) with permanent neighbour entries for every worker.
 /// - Each worker interface is up, has `10.77.0.(rank+1)/24`, TX checksum offload off
 ///   and GRO on (see [`crate::ethtool`]), and permanent neighbour entries: the service
-///   address [`SERVICE_IP`] maps to the MAC of the worker's own switch port, every
-///   other worker's address to that worker's MAC. Workers therefore never send ARP.
+///   address [`SERVICE_IP`] maps to the MAC of the worker's own switch port,
+///   [`CONTROL_IP`] to the bridge's, every other worker's address to that
+///   worker's MAC. Workers therefore never send ARP.
 /// - Every namespace has `lo` up and IPv6 disabled, so no router solicitations or
 ///   MLD reports reach the switch ports.
 ///
@@ -393,12 +406,37 @@ impl Star {
         // xina (which the XDP program passes to the kernel) is switched
         // between workers like on any Ethernet switch.
         let bridge = format!("xb{token}");
-        switch.ip(&["link", "add", "name", &bridge, "type", "bridge"])?;
+        let bridge_mac = MacAddr::bridge().to_string();
+        switch.ip(&[
+            "link",
+            "add",
+            "name",
+            &bridge,
+            "address",
+            &bridge_mac,
+            "type",
+            "bridge",
+        ])?;
         for port in &port_names {
             switch.ip(&["link", "set", "dev", port, "master", &bridge])?;
             switch.ip(&["link", "set", "dev", port, "up"])?;
         }
         switch.ip(&["link", "set", "dev", &bridge, "up"])?;
+        switch.ip(&[
+            "addr",
+            "add",
+            &format!("{CONTROL_IP}/{PREFIX_LEN}"),
+            "dev",
+            &bridge,
+        ])?;
+        for j in 0..n_workers {
+            add_neighbour(
+                &switch,
+                &bridge,
+                worker_ip(j),
+                &MacAddr::worker(j).to_string(),
+            )?;
+        }
         let port_indexes = if_indexes(&switch, &port_names)?;
 
         // Workers: address, offloads, up, then neighbours (an admin-down flushes them).
@@ -414,6 +452,7 @@ impl Star {
             ns.ip(&["link", "set", "dev", iface, "up"])?;
             let service_mac = MacAddr::switch_port(i).to_string();
             add_neighbour(&ns, iface, SERVICE_IP, &service_mac)?;
+            add_neighbour(&ns, iface, CONTROL_IP, &bridge_mac)?;
             for j in (0..n_workers).filter(|&j| j != i) {
                 add_neighbour(&ns, iface, worker_ip(j), &MacAddr::worker(j).to_string())?;
             }
@@ -501,6 +540,11 @@ impl Star {
     /// If `rank` is not below the number of workers.
     pub fn worker_ns(&self, rank: usize) -> &NetNs {
         self.workers[rank].ns()
+    }
+
+    /// The switch host's own address, [`CONTROL_IP`], on its ports' bridge.
+    pub fn control_ip(&self) -> Ipv4Addr {
+        CONTROL_IP
     }
 
     /// The switch's service address, [`SERVICE_IP`].
@@ -741,7 +785,7 @@ mod tests {
     #[test]
     fn addresses() {
         assert_eq!(worker_ip(0), Ipv4Addr::new(10, 77, 0, 1));
-        assert_eq!(worker_ip(MAX_WORKERS - 1), Ipv4Addr::new(10, 77, 0, 253));
+        assert_eq!(worker_ip(MAX_WORKERS - 1), Ipv4Addr::new(10, 77, 0, 252));
         assert_eq!(MacAddr::switch_port(2).to_string(), "02:78:73:00:00:03");
         assert_eq!(MacAddr::worker(0).to_string(), "02:78:77:00:00:01");
     }

@@ -423,7 +423,7 @@ impl Job {
 }
 
 /// Maps a TOML parse error to a [`ConfigError`] naming the line and key.
-fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
+pub(crate) fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
     let message = e.message().trim().to_owned();
     let field = e.span().map_or_else(
         || "file".to_owned(),

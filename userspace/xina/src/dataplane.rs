@@ -1356,9 +1356,8 @@ impl Dataplane {
         (self.units, self.cpus)
     }
 
-    /// The first unit of a free range for `job` (first fit).
-    fn allocate_units(&self, job: &JobSpec) -> Result<u32, Error> {
-        let need = self.units_needed(job);
+    /// The unit ranges wide jobs hold, as `(start, end)`, sorted.
+    fn used_units(&self) -> Vec<(u64, u64)> {
         let mut used: Vec<(u64, u64)> = self
             .job_units
             .iter()
@@ -1371,8 +1370,25 @@ impl Dataplane {
             })
             .collect();
         used.sort_unstable();
+        used
+    }
+
+    /// The largest free range of the wide path's pool, in units: the most
+    /// a new wide job may need.
+    pub fn largest_free_units(&self) -> u64 {
+        let (mut best, mut at) = (0, 0);
+        for (b, e) in self.used_units() {
+            best = best.max(b.saturating_sub(at));
+            at = at.max(e);
+        }
+        best.max(u64::from(self.units).saturating_sub(at))
+    }
+
+    /// The first unit of a free range for `job` (first fit).
+    fn allocate_units(&self, job: &JobSpec) -> Result<u32, Error> {
+        let need = self.units_needed(job);
         let mut at = 0u64;
-        for (b, e) in used {
+        for (b, e) in self.used_units() {
             if b >= at + need {
                 break;
             }

@@ -14,6 +14,8 @@
 //! - [`frame`]: whole frames for test runs.
 //! - [`netdev`]: interface lookups in the caller's network namespace.
 //! - [`p4`]: the P4 twin's control-plane state, and the shared test vectors.
+//! - [`service`]: the job service (`xina serve`): jobs on request, with
+//!   tenants' quotas and leases, over an HTTP JSON API.
 //! - [`verifier`]: each program's verified instructions against the budget.
 
 pub mod config;
@@ -24,6 +26,7 @@ pub mod metrics;
 pub mod netdev;
 pub mod p4;
 pub mod pin;
+pub mod service;
 pub mod stats;
 pub mod switch;
 pub mod verifier;

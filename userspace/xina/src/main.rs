@@ -36,6 +36,13 @@ enum Command {
     /// exist only when the switch runs with `debug = true`, and show at
     /// debug level (`RUST_LOG=debug`). Stopping it leaves the switch as it is.
     Daemon(cmd::daemon::Args),
+    /// Serve jobs on request: the job service of a pinned switch.
+    ///
+    /// Tenants (their tokens in the service file) create, renew and remove
+    /// jobs and groups over an HTTP JSON API, within quotas; a job whose
+    /// lease is not renewed is removed. Run it in the switch's namespace
+    /// (`-n`). Stops on Ctrl-C or SIGTERM, removing every job it leased.
+    Serve(cmd::serve::Args),
     /// Run an unpinned switch in the foreground (for tries and tests).
     ///
     /// Attaches the dataplane to the configured ports, installs the jobs,
@@ -57,6 +64,7 @@ fn main() -> std::process::ExitCode {
         Command::Stats(a) => cmd::stats::run(&cli.global, a),
         Command::Exporter(a) => cmd::stats::exporter(&cli.global, a),
         Command::Daemon(a) => cmd::daemon::run(&cli.global, a),
+        Command::Serve(a) => cmd::serve::run(&cli.global, a),
         Command::Run(args) => cmd::run::run(args),
         Command::Check(args) => cmd::check::run(args),
         Command::P4(c) => cmd::p4::run(c),

@@ -129,15 +129,40 @@ pub struct Table {
     pub slot_pool: u64,
 }
 
+impl Table {
+    /// The job table of `dp` now.
+    pub fn of(dp: &crate::Dataplane) -> Self {
+        Self {
+            jobs: dp.jobs().count() as u64,
+            slots_used: dp.jobs().map(|j| u64::from(j.slot_count)).sum(),
+            slot_pool: u64::from(dp.slot_pool()),
+        }
+    }
+}
+
 /// The exposition of switch `name`'s counters and job table; per-job series
 /// only with `per_job` (a switch with many tenants would otherwise hand
 /// Prometheus a series per job and reason).
+pub fn exposition(name: &str, stats: &Stats, table: Table, per_job: bool) -> String {
+    let mut registry = Registry::default();
+    register(&mut registry, name, stats, table, per_job);
+    encode_text(&registry)
+}
+
+/// The text exposition of `registry`.
 ///
 /// # Panics
 /// Never: encoding into a `String` cannot fail.
-pub fn exposition(name: &str, stats: &Stats, table: Table, per_job: bool) -> String {
+pub fn encode_text(registry: &Registry) -> String {
+    let mut out = String::new();
+    encode(&mut out, registry).expect("encoding into a String");
+    out
+}
+
+/// Registers the families of [`exposition`] in `registry`, beside others
+/// (the job service's).
+pub fn register(registry: &mut Registry, name: &str, stats: &Stats, table: Table, per_job: bool) {
     let switch = || name.to_owned();
-    let mut registry = Registry::default();
 
     let frames = Family::<Switch, Total>::default();
     let outcomes = Family::<SwitchOutcome, Total>::default();
@@ -304,10 +329,6 @@ pub fn exposition(name: &str, stats: &Stats, table: Table, per_job: bool) -> Str
         "Aggregator slots of the pool that no job or group holds",
         gauge(table.slot_pool.saturating_sub(table.slots_used)),
     );
-
-    let mut out = String::new();
-    encode(&mut out, &registry).expect("encoding into a String");
-    out
 }
 
 #[cfg(test)]

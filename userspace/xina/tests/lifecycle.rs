@@ -13,8 +13,7 @@
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{SocketAddrV4, TcpStream},
-    path::PathBuf,
-    process::{Child, Command, Output, Stdio},
+    process::Stdio,
     sync::{
         Barrier,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -23,94 +22,13 @@ use std::{
 };
 
 use serde_json::Value;
-use xina::pin::{self, PinDir};
 use xina_host::{JobParams, Worker};
 use xina_proto::XINA_UDP_PORT;
-use xina_testbed::{netns::unique_token, scenario::worker_data, topology::Star};
+use xina_testbed::{scenario::worker_data, topology::Star};
 
-const XINA: &str = env!("CARGO_BIN_EXE_xina");
+mod pinned;
 
-/// The switch's pins and the test's files, removed on drop (the pins with
-/// whatever they hold, detaching the ports), also when the test fails.
-struct Guard {
-    pins: PinDir,
-    files: Vec<PathBuf>,
-}
-
-impl Guard {
-    /// A guard for a switch named `prefix` and a unique token.
-    fn new(prefix: &str) -> Self {
-        Self {
-            pins: PinDir::new(pin::DEFAULT_ROOT, &format!("{prefix}{}", unique_token())).unwrap(),
-            files: Vec::new(),
-        }
-    }
-
-    fn file(&mut self, text: &str) -> PathBuf {
-        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-            "xina-lifecycle-{}-{}.toml",
-            self.pins.name(),
-            self.files.len()
-        ));
-        std::fs::write(&path, text).unwrap();
-        self.files.push(path.clone());
-        path
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if self.pins.exists() {
-            let _ = pin::remove(&self.pins);
-        }
-        for f in &self.files {
-            let _ = std::fs::remove_file(f);
-        }
-    }
-}
-
-struct Xina<'a> {
-    ns: &'a str,
-    name: &'a str,
-}
-
-impl Xina<'_> {
-    fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(XINA);
-        c.args(["-n", self.ns, "-s", self.name]).args(args);
-        c
-    }
-
-    /// Runs `xina ARGS`, which must succeed; its standard output.
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.command(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "xina {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn fails(&self, args: &[&str]) -> Output {
-        let out = self.command(args).output().unwrap();
-        assert!(!out.status.success(), "xina {args:?} succeeded");
-        out
-    }
-
-    fn json(&self, args: &[&str]) -> Value {
-        serde_json::from_str(&self.ok(args)).unwrap()
-    }
-
-    /// A long-running `xina` process (a control plane to kill).
-    fn spawn(&self, args: &[&str]) -> Child {
-        self.command(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    }
-}
+use pinned::{Guard, Xina};
 
 /// Starts `xina exporter` on a free port of the switch namespace's
 /// loopback, fetches `/metrics` once, and stops it.
@@ -240,15 +158,7 @@ fn a_pinned_switch_outlives_its_control_plane() {
         ns: star.switch().name(),
         name: &name,
     };
-    let ports: Vec<String> = star
-        .ports()
-        .iter()
-        .map(|p| format!("{:?}", p.name))
-        .collect();
-    let switch_file = guard.file(&format!(
-        "[switch]\nports = [{}]\nslot_pool = 64\n",
-        ports.join(", ")
-    ));
+    let switch_file = guard.switch_file(&star, 64);
     // Up: the command attaches, pins and exits.
     let up = xina.ok(&["switch", "up", "-c", switch_file.to_str().unwrap()]);
     assert!(up.contains(&format!("switch {name} is up")), "{up}");

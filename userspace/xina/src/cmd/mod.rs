@@ -5,6 +5,7 @@ pub mod daemon;
 pub mod job;
 pub mod p4;
 pub mod run;
+pub mod serve;
 pub mod stats;
 pub mod switch;
 

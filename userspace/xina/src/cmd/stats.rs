@@ -97,11 +97,7 @@ pub fn serve_metrics(listener: &TcpListener, dir: &PinDir, per_job: bool) {
             match control::open(dir)
                 .map_err(anyhow::Error::from)
                 .and_then(|sw| {
-                    let table = xina::metrics::Table {
-                        jobs: sw.dp.jobs().count() as u64,
-                        slots_used: sw.dp.jobs().map(|j| u64::from(j.slot_count)).sum(),
-                        slot_pool: u64::from(sw.dp.slot_pool()),
-                    };
+                    let table = xina::metrics::Table::of(&sw.dp);
                     let stats = control::stats(&sw.dp)?;
                     Ok(xina::metrics::exposition(
                         dir.name(),
