@@ -46,7 +46,8 @@ command -v ethtool >/dev/null || missing+=(ethtool)
 command -v tc >/dev/null || missing+=(iproute2)
 # The concurrency test reads per-CPU counters with bpftool.
 command -v bpftool >/dev/null || missing+=(bpftool)
-# The benches' Open MPI column: mpirun, and mpicc with the headers.
+# Open MPI: the benches' column and the PMPI library's tests (mpirun, and
+# mpicc with the headers).
 command -v mpirun >/dev/null || missing+=(openmpi-bin)
 command -v mpicc >/dev/null || missing+=(libopenmpi-dev)
 # The C interface's header test compiles a C program (rustc links with cc too).

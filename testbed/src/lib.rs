@@ -19,6 +19,8 @@
 //! - [`plain`]: the plain star (no XDP) the baselines run on.
 //! - [`mpi`]: Open MPI's collectives across a star's namespaces, the
 //!   benches' third column when `mpirun` is installed.
+//! - [`pmpi`]: the xina PMPI library and its check program, built with
+//!   `mpicc` and run across a star's namespaces.
 
 pub mod allreduce_bench;
 pub mod bcast;
@@ -31,6 +33,7 @@ pub mod mpi;
 pub mod netns;
 pub mod plain;
 pub mod plot;
+pub mod pmpi;
 pub mod ring;
 pub mod scenario;
 pub mod shape;

@@ -246,6 +246,40 @@ fn agent_script(sessions: &Path) -> String {
     )
 }
 
+/// `mpirun` (in worker 0's namespace) of one rank per worker of `star`,
+/// its host file, launch agent and session directories under `dir` (made
+/// here), each `env` pair exported to the ranks (`-x`); the program and its
+/// arguments go after.
+///
+/// # Errors
+/// When the files cannot be written.
+pub fn mpirun(star: &Star, dir: &Path, env: &[(&str, &str)]) -> anyhow::Result<Command> {
+    let ranks = star.workers().len();
+    let sessions = dir.join("sessions");
+    fs::create_dir_all(sessions.join("mpirun"))
+        .with_context(|| format!("creating {}", sessions.display()))?;
+    let hosts = dir.join("hosts");
+    let mut host_file = String::new();
+    for w in star.workers() {
+        let _ = writeln!(host_file, "{} slots=1", w.ns().name());
+    }
+    fs::write(&hosts, host_file).with_context(|| format!("writing {}", hosts.display()))?;
+    let agent = dir.join("netns-agent.sh");
+    fs::write(&agent, agent_script(&sessions))
+        .and_then(|()| fs::set_permissions(&agent, fs::Permissions::from_mode(0o755)))
+        .with_context(|| format!("writing {}", agent.display()))?;
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let mut command = Command::new("ip");
+    command
+        .args(["netns", "exec", star.worker(0).ns().name()])
+        .args(mpirun_args(ranks, cpus, &hosts, &agent))
+        .env("TMPDIR", sessions.join("mpirun"));
+    for (name, value) in env {
+        command.arg("-x").arg(format!("{name}={value}"));
+    }
+    Ok(command)
+}
+
 impl<'a> MpiJob<'a> {
     /// Starts `program` with one rank per worker of `star` (rank `i` in
     /// worker `i`'s namespace) and waits until every rank is up. `timeout`
@@ -270,30 +304,11 @@ impl<'a> MpiJob<'a> {
         timeout: Duration,
         args: &[&str],
     ) -> anyhow::Result<Self> {
-        let ranks = star.workers().len();
         let dir = program.dir.join(format!("job-{}", star.token()));
-        let sessions = dir.join("sessions");
-        fs::create_dir_all(sessions.join("mpirun"))
-            .with_context(|| format!("creating {}", sessions.display()))?;
-        let hosts = dir.join("hosts");
-        let mut host_file = String::new();
-        for w in star.workers() {
-            let _ = writeln!(host_file, "{} slots=1", w.ns().name());
-        }
-        fs::write(&hosts, host_file).with_context(|| format!("writing {}", hosts.display()))?;
-        let agent = dir.join("netns-agent.sh");
-        fs::write(&agent, agent_script(&sessions))
-            .and_then(|()| fs::set_permissions(&agent, fs::Permissions::from_mode(0o755)))
-            .with_context(|| format!("writing {}", agent.display()))?;
-
-        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-        let mut command = Command::new("ip");
+        let mut command = mpirun(star, &dir, &[])?;
         command
-            .args(["netns", "exec", star.worker(0).ns().name()])
-            .args(mpirun_args(ranks, cpus, &hosts, &agent))
             .arg(program.binary())
             .args(args)
-            .env("TMPDIR", sessions.join("mpirun"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -337,6 +352,7 @@ impl<'a> MpiJob<'a> {
             dir,
             timeout,
         };
+        let ranks = star.workers().len();
         let ready = job.answer("xina-mpi ready", START_TIMEOUT)?;
         ensure!(
             ready.trim() == format!("xina-mpi ready ranks={ranks}"),
@@ -481,17 +497,7 @@ impl Drop for MpiJob<'_> {
         }
         if !ended {
             log::warn!("the MPI job did not end within {END_TIMEOUT:?}; stopping mpirun");
-            // SIGTERM first: mpirun then stops its daemons and ranks.
-            if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
-                // SAFETY: kill takes no pointers; `pid` is our child, not yet reaped.
-                unsafe { libc::kill(pid, libc::SIGTERM) };
-            }
-            let deadline = Instant::now() + END_TIMEOUT;
-            while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+            stop(&mut self.child);
         }
         for reader in self.readers.drain(..) {
             let _ = reader.join();
@@ -500,6 +506,21 @@ impl Drop for MpiJob<'_> {
             log::warn!("removing {}: {e}", self.dir.display());
         }
     }
+}
+
+/// Stops `mpirun`: SIGTERM first (it then stops its daemons and ranks),
+/// SIGKILL after [`END_TIMEOUT`].
+pub(crate) fn stop(child: &mut Child) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill takes no pointers; `pid` is our child, not yet reaped.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + END_TIMEOUT;
+    while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// Keeps the last [`STDERR_LINES`] lines of `pipe` in `tail`.

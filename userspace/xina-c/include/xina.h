@@ -36,6 +36,9 @@ typedef enum XinaStatus {
   XINA_STATUS_GROUP_STALLED = 8,
   // The library failed inside (a bug); do not use the handle again.
   XINA_STATUS_INTERNAL = 9,
+  // The job service could not be reached, or refused the request (the
+  // message has its reason and the field it names).
+  XINA_STATUS_REFUSED = 10,
 } XinaStatus;
 
 // Element types. A float32 job is an int32 job on the switch (floats go
@@ -63,6 +66,10 @@ typedef enum XinaMode {
 
 // A multicast group member.
 typedef struct XinaGroup XinaGroup;
+
+// A job or group leased from the job service, renewed by a thread of the
+// library's until [`xina_lease_free`].
+typedef struct XinaLease XinaLease;
 
 // A job member: a socket and what it carries from call to call.
 typedef struct XinaWorker XinaWorker;
@@ -266,6 +273,75 @@ const char *xina_last_error(void);
 
 // A status's name (`"ok"`, `"gave up"`, ...), for messages; never null.
 const char *xina_status_name(uint32_t status);
+
+// Asks the job service at `url` (`http://a.b.c.d:port`) with `token` for
+// the switch's address (where members send), and writes it,
+// `"a.b.c.d:port"` and a NUL, into `buf` of `len` bytes.
+// `XINA_STATUS_REFUSED` when the service cannot be reached or refuses.
+//
+// # Safety
+// `url` and `token` are null or NUL-terminated; `buf` is null or valid for
+// `len` bytes of writes.
+enum XinaStatus xina_service_switch(const char *url, const char *token, char *buf, size_t len);
+
+// Asks the job service at `url` with `token` for a job or group:
+// `request` is the JSON body of `POST /v1/jobs` (`{"mode": ..., "members":
+// [{"ip", "port", "mac"}, ...]}`, see the README's "The job service").
+// `*out` is the lease, renewed every third of its length until
+// [`xina_lease_free`]. `XINA_STATUS_REFUSED` with the service's message
+// (naming the field) when it cannot be reached or refuses.
+//
+// # Safety
+// `url`, `token` and `request` are null or NUL-terminated; `out` is null or
+// valid for a write.
+enum XinaStatus xina_lease_new(const char *url,
+                               const char *token,
+                               const char *request_json,
+                               struct XinaLease **out);
+
+// Fills `*out` with the leased job's parameters for a member: `rank` 0,
+// `bind_addr` null, `give_up_ms` 0 (the caller sets its own), and
+// `switch_addr` the service's answer, owned by the lease.
+// `XINA_STATUS_INVALID_ARGUMENT` for a group.
+//
+// # Safety
+// `lease` is null or a live lease; `out` is null or valid for a write.
+enum XinaStatus xina_lease_job_params(const struct XinaLease *lease, struct XinaJobParams *out);
+
+// As [`xina_lease_job_params`], for a leased multicast group.
+//
+// # Safety
+// As [`xina_lease_job_params`].
+enum XinaStatus xina_lease_group_params(const struct XinaLease *lease, struct XinaGroupParams *out);
+
+// Stops renewing the lease, asks the service to remove the job
+// (`DELETE`), and frees the lease. Null is ignored. The status says
+// whether the removal (or, before it, the last renewal) failed; the lease
+// is freed either way.
+//
+// # Safety
+// `lease` is null or a lease from [`xina_lease_new`] not freed yet.
+enum XinaStatus xina_lease_free(struct XinaLease *lease);
+
+// As [`super::xina_worker_new`], on the UDP socket `fd`, bound already to
+// the address the job names for this rank (`bind_addr` is ignored): ranks
+// bind first, tell the job service their addresses, then make their
+// members. The member owns `fd` from then on, also when this fails.
+//
+// # Safety
+// As [`super::xina_worker_new`]; `fd` is an open UDP socket the caller
+// gives up.
+enum XinaStatus xina_worker_adopt(const struct XinaJobParams *params,
+                                  int32_t fd,
+                                  struct XinaWorker **out);
+
+// As [`xina_worker_adopt`], for a multicast group member.
+//
+// # Safety
+// As [`super::xina_group_new`]; `fd` as in [`xina_worker_adopt`].
+enum XinaStatus xina_group_adopt(const struct XinaGroupParams *params,
+                                 int32_t fd,
+                                 struct XinaGroup **out);
 
 #ifdef __cplusplus
 }  // extern "C"

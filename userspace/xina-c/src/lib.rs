@@ -21,7 +21,16 @@
 //!   returned as `XINA_STATUS_INTERNAL`.
 //!
 //! The collectives' semantics, errors and limits are the Rust library's:
-//! see `xina_host` and the README's "The worker library".
+//! see `xina_host` and the README's "The worker library". Jobs and groups
+//! can come from the job service (`xina serve`) through [`service`]'s
+//! leases, and members can be made on sockets bound before the job existed.
+
+mod service;
+
+pub use service::{
+    XinaLease, xina_group_adopt, xina_lease_free, xina_lease_group_params, xina_lease_job_params,
+    xina_lease_new, xina_service_switch, xina_worker_adopt,
+};
 
 use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char, c_void};
@@ -58,6 +67,9 @@ pub enum XinaStatus {
     GroupStalled = 8,
     /// The library failed inside (a bug); do not use the handle again.
     Internal = 9,
+    /// The job service could not be reached, or refused the request (the
+    /// message has its reason and the field it names).
+    Refused = 10,
 }
 
 /// Element types. A float32 job is an int32 job on the switch (floats go
@@ -174,6 +186,22 @@ pub struct XinaStats {
 }
 
 impl XinaStats {
+    const fn zero() -> Self {
+        Self {
+            calls: 0,
+            chunks: 0,
+            packets_sent: 0,
+            bytes_sent: 0,
+            packets_received: 0,
+            bytes_received: 0,
+            retransmissions: 0,
+            timeouts: 0,
+            from_cache: 0,
+            window: 0,
+            elapsed_ns: 0,
+        }
+    }
+
     fn add(&mut self, s: &Stats) {
         self.calls += 1;
         self.chunks += s.chunks;
@@ -209,6 +237,35 @@ pub struct XinaGroup {
     member: GroupWorker,
     last: XinaStats,
     total: XinaStats,
+}
+
+impl XinaWorker {
+    const fn of(worker: Worker) -> Self {
+        Self {
+            worker,
+            last: XinaStats::zero(),
+            total: XinaStats::zero(),
+        }
+    }
+}
+
+impl XinaGroup {
+    const fn of(member: GroupWorker) -> Self {
+        Self {
+            member,
+            last: XinaStats::zero(),
+            total: XinaStats::zero(),
+        }
+    }
+}
+
+/// Hands `handle` to the caller through `out`.
+///
+/// # Safety
+/// `out` is not null and valid for a write.
+unsafe fn hand_out<T>(handle: T, out: *mut *mut T) {
+    // SAFETY: the caller's promise.
+    unsafe { *out = Box::into_raw(Box::new(handle)) };
 }
 
 thread_local! {
@@ -430,13 +487,8 @@ unsafe fn new_worker(job: Result<Job, Failure>, out: *mut *mut XinaWorker) -> Ou
     }
     let job = job?;
     let worker = Worker::new(job.params, job.bind, config(job.give_up_ms))?;
-    let handle = Box::new(XinaWorker {
-        worker,
-        last: XinaStats::default(),
-        total: XinaStats::default(),
-    });
     // SAFETY: `out` is not null and valid for a write (the caller's promise).
-    unsafe { *out = Box::into_raw(handle) };
+    unsafe { hand_out(XinaWorker::of(worker), out) };
     Ok(())
 }
 
@@ -747,30 +799,31 @@ pub unsafe extern "C" fn xina_group_new(
         if out.is_null() {
             return Err(null("out"));
         }
+        let (params, give_up_ms) = group_from(p)?;
         // SAFETY: the caller's promise for the params' strings.
-        let switch =
-            unsafe { text(p.switch_addr, "switch_addr") }?.ok_or_else(|| null("switch_addr"))?;
-        // SAFETY: as above.
         let bind = unsafe { text(p.bind_addr, "bind_addr") }?;
-        let params = GroupParams {
-            group: p.group,
-            rank: p.rank,
-            fan_in: p.fan_in,
-            bytes_per_packet: p.bytes_per_packet,
-            window: p.window,
-            switch: address(switch, "switch_addr")?,
-        };
         let bind = bind.map_or(Ok(ANY), |b| address(b, "bind_addr"))?;
-        let member = GroupWorker::new(params, bind, config(p.give_up_ms))?;
-        let handle = Box::new(XinaGroup {
-            member,
-            last: XinaStats::default(),
-            total: XinaStats::default(),
-        });
+        let member = GroupWorker::new(params, bind, config(give_up_ms))?;
         // SAFETY: not null and valid for a write (the caller's promise).
-        unsafe { *out = Box::into_raw(handle) };
+        unsafe { hand_out(XinaGroup::of(member), out) };
         Ok(())
     })
+}
+
+/// A group member's checked values, and its give-up time.
+fn group_from(p: &XinaGroupParams) -> Result<(GroupParams, u32), Failure> {
+    // SAFETY: the caller's promise for the params' strings.
+    let switch =
+        unsafe { text(p.switch_addr, "switch_addr") }?.ok_or_else(|| null("switch_addr"))?;
+    let params = GroupParams {
+        group: p.group,
+        rank: p.rank,
+        fan_in: p.fan_in,
+        bytes_per_packet: p.bytes_per_packet,
+        window: p.window,
+        switch: address(switch, "switch_addr")?,
+    };
+    Ok((params, p.give_up_ms))
 }
 
 /// Frees a group member's handle. Null is ignored.
@@ -877,6 +930,7 @@ pub extern "C" fn xina_status_name(status: u32) -> *const c_char {
         7 => c"socket error",
         8 => c"group stalled",
         9 => c"internal error",
+        10 => c"refused by the job service",
         _ => c"unknown status",
     };
     name.as_ptr()

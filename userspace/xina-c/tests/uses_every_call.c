@@ -1,8 +1,24 @@
 /* Uses every declaration of xina.h, so that the header test compiles and
  * links all of them; run without a switch, each call fails cleanly. */
+#define _POSIX_C_SOURCE 200809L
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include "xina.h"
+
+/* A UDP socket bound to a free loopback port, as a rank binds before the
+ * job service leases its job. */
+static int bound_socket(void) {
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in at = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd < 0 || bind(fd, (struct sockaddr *)&at, sizeof at) != 0) {
+        perror("binding a UDP socket");
+        exit(EXIT_FAILURE);
+    }
+    return fd;
+}
 
 static int expect(XinaStatus got, XinaStatus want, const char *what) {
     printf("%s: %s (%s)\n", what, xina_status_name((uint32_t)got), xina_last_error());
@@ -48,5 +64,23 @@ int main(void) {
     failed |= expect(xina_allgather(group, data, sizeof data), XINA_STATUS_GROUP_STALLED, "allgather");
     failed |= expect(xina_group_stats(group, &last, NULL), XINA_STATUS_OK, "group_stats");
     xina_group_free(group);
+
+    /* Members on sockets bound before the job existed. */
+    failed |= expect(xina_worker_adopt(&params, -1, &worker), XINA_STATUS_INVALID_ARGUMENT, "worker_adopt -1");
+    failed |= expect(xina_worker_adopt(&params, bound_socket(), &worker), XINA_STATUS_OK, "worker_adopt");
+    failed |= expect(xina_allreduce(worker, data, 4, XINA_TYPE_INT32), XINA_STATUS_GAVE_UP, "adopted allreduce");
+    xina_worker_free(worker);
+    failed |= expect(xina_group_adopt(&gp, bound_socket(), &group), XINA_STATUS_OK, "group_adopt");
+    xina_group_free(group);
+
+    /* No job service listens on the discard port. */
+    XinaLease *lease = NULL;
+    failed |= expect(xina_service_switch("http://127.0.0.1:9", "a-token-of-16-chars", addr, sizeof addr),
+                     XINA_STATUS_REFUSED, "service_switch");
+    failed |= expect(xina_lease_new("http://127.0.0.1:9", "a-token-of-16-chars", "{\"members\": []}", &lease),
+                     XINA_STATUS_REFUSED, "lease_new");
+    failed |= expect(xina_lease_job_params(lease, &params), XINA_STATUS_NULL_POINTER, "lease_job_params");
+    failed |= expect(xina_lease_group_params(lease, &gp), XINA_STATUS_NULL_POINTER, "lease_group_params");
+    failed |= expect(xina_lease_free(lease), XINA_STATUS_OK, "lease_free NULL");
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -179,7 +179,9 @@ pub(crate) struct Core {
 }
 
 impl Core {
-    /// Validates the parameters and binds a non-blocking UDP socket.
+    /// Validates the parameters (before binding, so that bad parameters
+    /// are reported as such whatever the address) and binds a non-blocking
+    /// UDP socket.
     pub(crate) fn bind(
         params: JobParams,
         bind: SocketAddrV4,
@@ -188,6 +190,18 @@ impl Core {
         params.member().validate()?;
         config.validate()?;
         let socket = UdpSocket::bind(bind).map_err(|source| Error::Bind { addr: bind, source })?;
+        Self::on_socket(params, socket, config)
+    }
+
+    /// Validates the parameters and takes `socket`, bound already, making
+    /// it non-blocking.
+    pub(crate) fn on_socket(
+        params: JobParams,
+        socket: UdpSocket,
+        config: Config,
+    ) -> Result<(Self, Socket), Error> {
+        params.member().validate()?;
+        config.validate()?;
         let core = Self {
             params,
             config,
@@ -335,6 +349,22 @@ impl Worker {
     /// [`Error::Bind`], or [`Error::Io`] if the socket cannot be set up.
     pub fn new(params: JobParams, bind: SocketAddrV4, config: Config) -> Result<Self, Error> {
         let (core, socket) = Core::bind(params, bind, config)?;
+        Ok(Self { core, socket })
+    }
+
+    /// As [`Self::new`], on a UDP socket bound already: its address is the
+    /// one the switch knows this rank by. Ranks that must tell the switch
+    /// their addresses before the job exists (a job service allocating it)
+    /// bind first, gather the addresses, then make their workers.
+    ///
+    /// # Errors
+    /// As [`Self::new`], but for [`Error::Bind`].
+    pub fn with_socket(
+        params: JobParams,
+        socket: UdpSocket,
+        config: Config,
+    ) -> Result<Self, Error> {
+        let (core, socket) = Core::on_socket(params, socket, config)?;
         Ok(Self { core, socket })
     }
 
@@ -653,6 +683,23 @@ impl GroupWorker {
         })
     }
 
+    /// As [`Self::new`], on a UDP socket bound already (see
+    /// [`Worker::with_socket`]).
+    ///
+    /// # Errors
+    /// As [`Self::new`], but for [`Error::Bind`].
+    pub fn with_socket(
+        params: GroupParams,
+        socket: UdpSocket,
+        config: Config,
+    ) -> Result<Self, Error> {
+        let socket = group_socket(&params, socket, &config)?;
+        Ok(Self {
+            core: GroupCore::new(params, config),
+            socket,
+        })
+    }
+
     /// The parameters the worker was created with.
     pub const fn params(&self) -> &GroupParams {
         &self.core.params
@@ -723,6 +770,18 @@ pub(crate) fn bind_group_socket(
     params.validate()?;
     config.validate()?;
     let socket = UdpSocket::bind(bind).map_err(|source| Error::Bind { addr: bind, source })?;
+    group_socket(params, socket, config)
+}
+
+/// Validates a group member's parameters and takes `socket`, bound
+/// already, making it non-blocking.
+pub(crate) fn group_socket(
+    params: &GroupParams,
+    socket: UdpSocket,
+    config: &Config,
+) -> Result<Socket, Error> {
+    params.validate()?;
+    config.validate()?;
     socket
         .set_nonblocking(true)
         .map_err(|e| group_io_error(params, "making the socket non-blocking", e))?;

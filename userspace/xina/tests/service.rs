@@ -14,9 +14,7 @@
 mod pinned;
 
 use std::{
-    io::{BufRead as _, BufReader},
     net::SocketAddrV4,
-    process::{Child, Stdio},
     sync::{
         Mutex,
         atomic::{AtomicBool, Ordering},
@@ -24,7 +22,7 @@ use std::{
     time::Duration,
 };
 
-use pinned::{Guard, Xina};
+use pinned::{Guard, Serve, Xina, installed};
 use serde_json::{Value, json};
 use xina_host::{JobParams, Worker};
 use xina_testbed::{scenario::worker_data, topology::Star};
@@ -32,47 +30,6 @@ use xina_testbed::{scenario::worker_data, topology::Star};
 const TOKEN_A: &str = "tenant-a-secret-0001";
 const TOKEN_B: &str = "tenant-b-secret-0002";
 const LEASE_SECS: u64 = 2;
-
-/// `xina serve`, killed on drop if still running.
-struct Serve {
-    child: Child,
-    addr: String,
-}
-
-impl Serve {
-    fn start(xina: &Xina<'_>, file: &std::path::Path) -> Self {
-        let mut child = xina
-            .command(&["serve", "-c", file.to_str().unwrap()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .trim()
-            .to_owned();
-        Self { child, addr }
-    }
-
-    /// Sends SIGTERM and waits; whether the process exited successfully.
-    fn stop(mut self) -> bool {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(i32::try_from(self.child.id()).unwrap(), libc::SIGTERM) };
-        self.child.wait().unwrap().success()
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A client of the API in worker 0's namespace.
 struct Client<'a> {
@@ -175,15 +132,6 @@ fn field(body: &Value) -> &str {
     body["error"]["field"].as_str().unwrap_or("null")
 }
 
-fn installed(xina: &Xina<'_>) -> Vec<u64> {
-    xina.json(&["job", "ls", "--json"])
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|j| j["id"].as_u64().unwrap())
-        .collect()
-}
-
 fn metric(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
@@ -250,23 +198,14 @@ fn tenants_get_jobs_within_quotas_and_leases_give_slots_back() {
     xina.ok(&["switch", "up", "-c", switch_file.to_str().unwrap()]);
     star.refresh_redirect_targets().unwrap();
 
-    let mut service = format!(
-        "listen = \"{}:0\"\nswitch_addr = \"{}:{}\"\nlease_secs = {LEASE_SECS}\njob_ids = [100, 199]\n",
-        star.control_ip(),
-        star.service_ip(),
-        xina_proto::XINA_UDP_PORT
+    let service = pinned::service_text(
+        &star,
+        LEASE_SECS,
+        &format!(
+            "[[tenants]]\nname = \"a\"\ntoken = \"{TOKEN_A}\"\nmax_jobs = 2\nmax_slots = 48\n\
+             [[tenants]]\nname = \"b\"\ntoken = \"{TOKEN_B}\"\n"
+        ),
     );
-    for (r, w) in star.workers().iter().enumerate() {
-        service.push_str(&format!(
-            "[[hosts]]\nprefix = \"{}/32\"\nport = \"{}\"\n",
-            w.ip,
-            star.port(r).name
-        ));
-    }
-    service.push_str(&format!(
-        "[[tenants]]\nname = \"a\"\ntoken = \"{TOKEN_A}\"\nmax_jobs = 2\nmax_slots = 48\n\
-         [[tenants]]\nname = \"b\"\ntoken = \"{TOKEN_B}\"\n"
-    ));
     // A file naming a port the switch lacks is refused whole, naming it.
     let wrong = guard.file(&service.replace(&star.port(1).name, "nosuchport"));
     let out = xina.fails(&["serve", "-c", wrong.to_str().unwrap()]);

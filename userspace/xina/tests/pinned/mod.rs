@@ -6,6 +6,8 @@
 #![allow(dead_code)]
 
 use std::{
+    fmt::Write as _,
+    io::{BufRead as _, BufReader},
     path::PathBuf,
     process::{Child, Command, Output, Stdio},
 };
@@ -109,5 +111,78 @@ impl Xina<'_> {
             .stderr(Stdio::null())
             .spawn()
             .unwrap()
+    }
+}
+
+/// A service file for `star`'s switch: listening on the control address
+/// (a port the kernel picks), every worker's address routed to its port,
+/// leases of `lease_secs`, and `tenants` (`[[tenants]]` entries).
+pub fn service_text(star: &Star, lease_secs: u64, tenants: &str) -> String {
+    let mut text = format!(
+        "listen = \"{}:0\"\nswitch_addr = \"{}:{}\"\nlease_secs = {lease_secs}\njob_ids = [100, 199]\n",
+        star.control_ip(),
+        star.service_ip(),
+        xina_proto::XINA_UDP_PORT
+    );
+    for (r, w) in star.workers().iter().enumerate() {
+        let _ = write!(
+            text,
+            "[[hosts]]\nprefix = \"{}/32\"\nport = \"{}\"\n",
+            w.ip,
+            star.port(r).name
+        );
+    }
+    text.push_str(tenants);
+    text
+}
+
+/// The ids of the jobs installed on the switch.
+pub fn installed(xina: &Xina<'_>) -> Vec<u64> {
+    xina.json(&["job", "ls", "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_u64().unwrap())
+        .collect()
+}
+
+/// `xina serve`, killed on drop if still running.
+pub struct Serve {
+    child: Child,
+    pub addr: String,
+}
+
+impl Serve {
+    pub fn start(xina: &Xina<'_>, file: &std::path::Path) -> Self {
+        let mut child = xina
+            .command(&["serve", "-c", file.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .trim()
+            .to_owned();
+        Self { child, addr }
+    }
+
+    /// Sends SIGTERM and waits; whether the process exited successfully.
+    pub fn stop(mut self) -> bool {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(i32::try_from(self.child.id()).unwrap(), libc::SIGTERM) };
+        self.child.wait().unwrap().success()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
