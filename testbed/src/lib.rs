@@ -19,6 +19,8 @@
 //! - [`plain`]: the plain star (no XDP) the baselines run on.
 //! - [`mpi`]: Open MPI's collectives across a star's namespaces, the
 //!   benches' third column when `mpirun` is installed.
+//! - [`mpi_bench`]: `bench mpi`, one MPI program with Open MPI's own
+//!   collectives and through xina's PMPI library, in one run.
 //! - [`pmpi`]: the xina PMPI library and its check program, built with
 //!   `mpicc` and run across a star's namespaces.
 
@@ -30,6 +32,7 @@ pub mod ethtool;
 pub mod group;
 pub mod lossy;
 pub mod mpi;
+pub mod mpi_bench;
 pub mod netns;
 pub mod plain;
 pub mod plot;

@@ -5,7 +5,7 @@ use std::{io::Write as _, path::PathBuf, process::ExitCode, time::Duration};
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use xina_testbed::{
-    allreduce_bench, bcast_bench, bench, lossy, netns, plot, scenario, share_bench,
+    allreduce_bench, bcast_bench, bench, lossy, mpi_bench, netns, plot, scenario, share_bench,
 };
 
 #[derive(Debug, Parser)]
@@ -161,6 +161,10 @@ enum BenchCommand {
     /// until the first finished and Jain's index of them, with xina's
     /// congestion control and, in the same run, with every slot open.
     Share(BenchShareArgs),
+    /// One MPI benchmark program with Open MPI's own collectives (plain
+    /// star) and through xina's PMPI library (XDP star, jobs from a job
+    /// service), interleaved: OSU-style columns.
+    Mpi(BenchMpiArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -281,6 +285,23 @@ struct BenchBcastArgs {
     json: Option<PathBuf>,
 }
 
+/// Each goal with its verdict.
+fn print_goals(goals: &[bcast_bench::Goal]) {
+    println!("goals:");
+    for g in goals {
+        let verdict = match (g.met, g.value) {
+            (Some(met), Some(v)) => format!(
+                "{}: {v:.2} (needs {} {})",
+                if met { "MET" } else { "NOT MET" },
+                if g.at_least { ">=" } else { "<=" },
+                g.bound
+            ),
+            _ => "not judged".to_owned(),
+        };
+        println!("  {}\n    => {verdict}; {}", g.statement, g.detail);
+    }
+}
+
 fn bench_bcast(args: &BenchBcastArgs) -> anyhow::Result<bool> {
     let spec = bcast_bench::BcastBenchSpec {
         ranks: args.ranks.clone(),
@@ -327,21 +348,113 @@ fn bench_bcast(args: &BenchBcastArgs) -> anyhow::Result<bool> {
          reliable broadcast through a multicast group on the XDP switch\n"
     );
     let goals = bcast_bench::judge_goals(&records);
-    println!("goals:");
-    for g in &goals {
-        let verdict = match (g.met, g.value) {
-            (Some(met), Some(v)) => format!(
-                "{}: {v:.2} (needs {} {})",
-                if met { "MET" } else { "NOT MET" },
-                if g.at_least { ">=" } else { "<=" },
-                g.bound
-            ),
-            _ => "not judged".to_owned(),
-        };
-        println!("  {}\n    => {verdict}; {}", g.statement, g.detail);
-    }
+    print_goals(&goals);
     if let Some(path) = &args.json {
         let report = bcast_bench::BcastBenchReport {
+            machine,
+            spec,
+            goals,
+            records,
+        };
+        write_json(path, &report)?;
+    }
+    Ok(true)
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchMpiArgs {
+    /// Rank counts (two stars each).
+    #[arg(long, value_delimiter = ',', default_values_t = [2usize, 4, 8])]
+    ranks: Vec<usize>,
+    /// Sizes per rank: a list such as `4B,64KiB,64MiB`, or `MIN..MAX`
+    /// stepping by `--factor`.
+    #[arg(long, default_value = "4B..64MiB")]
+    sizes: String,
+    /// Each size is the previous one times this (with `MIN..MAX`).
+    #[arg(long, default_value_t = 16)]
+    factor: usize,
+    /// Collectives, in table order.
+    #[arg(long, value_enum, value_delimiter = ',',
+          default_values_t = [mpi_bench::Coll::Allreduce, mpi_bench::Coll::Bcast])]
+    colls: Vec<mpi_bench::Coll>,
+    /// MTU of every link of both stars (xina's jobs take the most elements
+    /// per packet it allows).
+    #[arg(long, default_value_t = 65_000)]
+    frame: u32,
+    /// Repetitions per size and implementation, interleaved.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Where `libxina_c.so` is (default: next to this program, as `cargo
+    /// build --release` puts it).
+    #[arg(long)]
+    lib_dir: Option<PathBuf>,
+    /// Also write the spec, goals and one record per measurement as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn bench_mpi(args: &BenchMpiArgs) -> anyhow::Result<bool> {
+    let spec = mpi_bench::MpiBenchSpec {
+        ranks: args.ranks.clone(),
+        sizes: allreduce_bench::parse_size_range(&args.sizes, args.factor).context("--sizes")?,
+        colls: args.colls.clone(),
+        frame: args.frame,
+        reps: args.reps,
+    };
+    spec.validate()?;
+    let lib_dir = match &args.lib_dir {
+        Some(d) => d.clone(),
+        None => {
+            let exe = std::env::current_exe().context("finding this program")?;
+            let dir = exe
+                .parent()
+                .context("this program's directory")?
+                .to_path_buf();
+            if dir.join("libxina_c.so").exists() {
+                dir
+            } else {
+                dir.join("deps")
+            }
+        }
+    };
+    anyhow::ensure!(
+        lib_dir.join("libxina_c.so").exists(),
+        "--lib-dir: no libxina_c.so in {} (cargo build --release -p xina-c)",
+        lib_dir.display()
+    );
+    let machine = bench::Machine::this();
+    println!(
+        "xina bench mpi: one MPI program, Open MPI's own collectives (plain star) and through \
+         xina's PMPI library (XDP switch), MTU {}, {} CPUs, Linux {}",
+        spec.frame, machine.cpus, machine.kernel
+    );
+    println!(
+        "{} repetitions per size and implementation, interleaved; every result checked\n",
+        spec.reps
+    );
+    let records = mpi_bench::run(&spec, &lib_dir, |line| eprintln!("  {line}"))?;
+    for &coll in &spec.colls {
+        for &ranks in &spec.ranks {
+            println!(
+                "MPI_{} (int32 sum for allreduce), {ranks} ranks:",
+                match coll {
+                    mpi_bench::Coll::Allreduce => "Allreduce",
+                    mpi_bench::Coll::Bcast => "Bcast",
+                }
+            );
+            println!("{}", mpi_bench::table(&records, coll, ranks));
+        }
+    }
+    println!(
+        "latency: allreduce, per call averaged over back-to-back calls (first rank out of a \
+         barrier to the last rank done); bcast, per call to the slowest receiver, roots \
+         rotating; avg/min/max over the samples; GB/s = size / avg latency (1e9 B/s); \
+         x mpi = Open MPI's avg / xina's\n"
+    );
+    let goals = mpi_bench::judge_goals(&records);
+    print_goals(&goals);
+    if let Some(path) = &args.json {
+        let report = mpi_bench::MpiBenchReport {
             machine,
             spec,
             goals,
@@ -777,6 +890,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Allreduce(args)) => bench_allreduce(args),
         Command::Bench(BenchCommand::Bcast(args)) => bench_bcast(args),
         Command::Bench(BenchCommand::Share(args)) => bench_share(args),
+        Command::Bench(BenchCommand::Mpi(args)) => bench_mpi(args),
         Command::Worker(args) => worker(args),
         Command::GroupMember(args) => group_member(args),
     };

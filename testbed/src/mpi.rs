@@ -304,8 +304,23 @@ impl<'a> MpiJob<'a> {
         timeout: Duration,
         args: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_with_env(program, star, timeout, args, &[])
+    }
+
+    /// [`MpiJob::start_with`], each `env` pair exported to every rank (the
+    /// xina column of `bench mpi` preloads the PMPI library so).
+    ///
+    /// # Errors
+    /// As [`MpiJob::start`].
+    pub fn start_with_env(
+        program: &MpiProgram,
+        star: &'a Star,
+        timeout: Duration,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let dir = program.dir.join(format!("job-{}", star.token()));
-        let mut command = mpirun(star, &dir, &[])?;
+        let mut command = mpirun(star, &dir, env)?;
         command
             .arg(program.binary())
             .args(args)

@@ -2,12 +2,7 @@
 //! [`xina::service`]), until Ctrl-C or SIGTERM; then every job it leased is
 //! removed.
 
-use std::{
-    io::Write as _,
-    path::PathBuf,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{io::Write as _, path::PathBuf, sync::Arc};
 
 use anyhow::Context as _;
 use tokio::signal::unix::SignalKind;
@@ -41,7 +36,7 @@ pub fn run(global: &Global, args: &Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(async {
+    let removed = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("listening on {listen}"))?;
@@ -54,31 +49,15 @@ pub fn run(global: &Global, args: &Args) -> anyhow::Result<()> {
         // For scripts that asked for port 0.
         println!("listening on {addr}");
         std::io::stdout().flush()?;
-        let ticker = Arc::clone(&service);
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_millis(250));
-            loop {
-                every.tick().await;
-                let s = Arc::clone(&ticker);
-                match tokio::task::spawn_blocking(move || s.expire(Instant::now())).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => log::error!("expiring leases: {e}"),
-                    Err(e) => log::error!("expiring leases: {e}"),
-                }
-            }
-        });
         let mut term = tokio::signal::unix::signal(SignalKind::terminate())?;
-        axum::serve(listener, service::router(Arc::clone(&service)))
-            .with_graceful_shutdown(async move {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            })
-            .await?;
-        anyhow::Ok(())
+        let stop = async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        anyhow::Ok(service::run(service, listener, stop).await?)
     })?;
-    let removed = service.release_all().context("removing the leased jobs")?;
     log::info!("stopped; removed {} leased jobs", removed.len());
     Ok(())
 }

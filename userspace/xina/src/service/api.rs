@@ -140,6 +140,50 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Serves the API on `listener` until `shutdown` completes, ending leases
+/// that were not renewed every quarter second; then removes every job the
+/// service leased and returns their ids.
+///
+/// # Errors
+/// The listener fails, or the switch cannot be opened at the end.
+pub async fn run(
+    service: Arc<Service>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Vec<u32>, RunError> {
+    let ticker = Arc::clone(&service);
+    let expiry = tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_millis(250));
+        loop {
+            every.tick().await;
+            let s = Arc::clone(&ticker);
+            match tokio::task::spawn_blocking(move || s.expire(std::time::Instant::now())).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => log::error!("expiring leases: {e}"),
+                Err(e) => log::error!("expiring leases: {e}"),
+            }
+        }
+    });
+    let served = axum::serve(listener, router(Arc::clone(&service)))
+        .with_graceful_shutdown(shutdown)
+        .await;
+    expiry.abort();
+    served.map_err(RunError::Serve)?;
+    tokio::task::spawn_blocking(move || service.release_all())
+        .await
+        .map_err(|e| RunError::Serve(std::io::Error::other(e)))?
+        .map_err(RunError::Release)
+}
+
+/// Why [`run`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("serving the API: {0}")]
+    Serve(std::io::Error),
+    #[error("removing the leased jobs: {0}")]
+    Release(crate::dataplane::Error),
+}
+
 /// The API's routes on `service`.
 pub fn router(service: Arc<Service>) -> Router {
     Router::new()

@@ -63,7 +63,7 @@ use serde::Serialize;
 use xina_proto::{DType, MAX_RANKS, frame};
 
 pub use self::{
-    api::{ApiError, JobRequest, MemberRequest, router},
+    api::{ApiError, JobRequest, MemberRequest, RunError, router, run},
     config::{HostEntry, MIN_TOKEN_LEN, ServiceConfig, ServiceFile, TenantEntry},
 };
 use crate::{
