@@ -215,6 +215,16 @@ static void check_overflow(void)
     PMPI_Allreduce(in, want, N, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     MPI_Allreduce(in, got, N, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     compare("allreduce int sum overflowing", MPI_INT, got, want, N);
+    memcpy(got, in, sizeof got);
+    MPI_Allreduce(MPI_IN_PLACE, got, N, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    compare("allreduce int sum overflowing in place", MPI_INT, got, want, N);
+    int32_t reduced[N];
+    PMPI_Reduce(in, want, N, MPI_INT, MPI_SUM, size - 1, MPI_COMM_WORLD);
+    memcpy(reduced, in, sizeof reduced);
+    MPI_Reduce(rank == size - 1 ? MPI_IN_PLACE : in, reduced, N, MPI_INT, MPI_SUM, size - 1,
+               MPI_COMM_WORLD);
+    if (rank == size - 1)
+        compare("reduce int sum overflowing in place", MPI_INT, reduced, want, N);
 }
 
 static void loop_allreduce(void)

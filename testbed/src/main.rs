@@ -368,7 +368,7 @@ struct BenchMpiArgs {
     ranks: Vec<usize>,
     /// Sizes per rank: a list such as `4B,64KiB,64MiB`, or `MIN..MAX`
     /// stepping by `--factor`.
-    #[arg(long, default_value = "4B..64MiB")]
+    #[arg(long, default_value = "8B..64MiB")]
     sizes: String,
     /// Each size is the previous one times this (with `MIN..MAX`).
     #[arg(long, default_value_t = 16)]
@@ -436,10 +436,10 @@ fn bench_mpi(args: &BenchMpiArgs) -> anyhow::Result<bool> {
     for &coll in &spec.colls {
         for &ranks in &spec.ranks {
             println!(
-                "MPI_{} (int32 sum for allreduce), {ranks} ranks:",
+                "{}, {ranks} ranks:",
                 match coll {
-                    mpi_bench::Coll::Allreduce => "Allreduce",
-                    mpi_bench::Coll::Bcast => "Bcast",
+                    mpi_bench::Coll::Allreduce => "MPI_Allreduce (int32 sum)",
+                    mpi_bench::Coll::Bcast => "MPI_Bcast (bytes)",
                 }
             );
             println!("{}", mpi_bench::table(&records, coll, ranks));

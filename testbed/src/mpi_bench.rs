@@ -12,7 +12,12 @@
 //! `MPI_Bcast` (first rank out to the slowest receiver), the root
 //! rotating. Every result is checked inside the program.
 
-use std::{path::Path, sync::Arc, thread::JoinHandle, time::Duration};
+use std::{
+    path::Path,
+    sync::{Arc, Barrier, mpsc},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, ensure};
 use serde::Serialize;
@@ -22,6 +27,7 @@ use xina::{
     pin::{self, PinDir},
     service::{self, Service, ServiceConfig},
 };
+use xina_host::JobParams;
 use xina_proto::{DType, XINA_UDP_PORT, frame};
 
 use crate::{
@@ -41,9 +47,12 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 pub const GOAL_ALLREDUCE_RATIO: f64 = 1.5;
 /// 64 MiB `MPI_Bcast` at least this,
 pub const GOAL_BCAST_RATIO: f64 = 2.0;
-/// and an 8-byte `MPI_Allreduce` at most this fraction of Open MPI's
-/// latency.
+/// an 8-byte `MPI_Allreduce` at most this fraction of Open MPI's
+/// latency,
 pub const GOAL_SMALL_LATENCY_FRACTION: f64 = 0.25;
+
+/// and the PMPI library's time at most this much above the Rust API's.
+pub const GOAL_LIBRARY_COST: f64 = 0.05;
 
 /// A collective of the sweep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -109,7 +118,8 @@ impl MpiBenchSpec {
 #[derive(Clone, Debug, Serialize)]
 pub struct Record {
     pub coll: Coll,
-    /// `mpi` (Open MPI's own) or `xina` (through the PMPI library).
+    /// `mpi` (Open MPI's own), `xina` (through the PMPI library) or
+    /// `xina-rust` (the Rust API, allreduce only).
     pub implementation: &'static str,
     /// `plain star` or `xdp switch`.
     pub path: &'static str,
@@ -226,7 +236,7 @@ impl Switch {
             .context("starting the job service")?;
         let service = Arc::new(service);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (bound, addr) = std::sync::mpsc::channel();
+        let (bound, addr) = mpsc::channel();
         let listen = service.config().file.listen;
         let s = Arc::clone(&service);
         let thread = star.switch().spawn(move || {
@@ -280,6 +290,166 @@ impl Drop for Switch {
     }
 }
 
+/// The Rust API's column: one thread per rank in its worker namespace,
+/// each with a [`Worker`] of a job leased from the same service, timed as
+/// the MPI program times itself (first rank out of a barrier to the last
+/// rank done, over back-to-back calls), so that the PMPI library's own
+/// cost shows.
+struct RustRanks {
+    commands: Vec<mpsc::Sender<(usize, usize)>>,
+    results: mpsc::Receiver<Result<(Instant, Instant), String>>,
+    threads: Vec<JoinHandle<()>>,
+    job: u32,
+}
+
+/// The UDP port of every rank of the Rust column.
+const RUST_PORT: u16 = 7000;
+
+impl RustRanks {
+    fn start(star: &Star, switch: &Switch, slots: u32) -> anyhow::Result<Self> {
+        let (service, ..) = switch.service.as_ref().context("the job service is gone")?;
+        let members = star
+            .workers()
+            .iter()
+            .map(|w| service::MemberRequest {
+                ip: w.ip,
+                port: RUST_PORT,
+                mac: Some(w.mac.to_string()),
+                sender: None,
+            })
+            .collect();
+        let request = service::JobRequest {
+            mode: xina::config::ModeName::Allreduce,
+            op: None,
+            dtype: None,
+            elems_per_packet: None,
+            bytes_per_packet: None,
+            slots: Some(slots),
+            window: None,
+            members,
+        };
+        let s = Arc::clone(service);
+        let created = star
+            .switch()
+            .run(move || s.create(0, &request))?
+            .map_err(|e| anyhow::anyhow!("leasing the Rust column's job: {}", e.message))?;
+        let job = created.job;
+        let ranks = star.workers().len();
+        let barrier = Arc::new(Barrier::new(ranks));
+        let (done, results) = mpsc::channel();
+        let mut commands = Vec::with_capacity(ranks);
+        let mut threads = Vec::with_capacity(ranks);
+        for (r, w) in star.workers().iter().enumerate() {
+            let params = JobParams {
+                job: job.id,
+                rank: u8::try_from(r)?,
+                fan_in: u8::try_from(ranks)?,
+                elems_per_packet: job.elems_per_packet,
+                slots: job.slot_count,
+                op: xina_proto::Op::Sum,
+                dtype: DType::I32,
+                mode: xina_host::Mode::Allreduce,
+                switch: created.switch_addr,
+            };
+            let bind = std::net::SocketAddrV4::new(w.ip, RUST_PORT);
+            let (tx, rx) = mpsc::channel::<(usize, usize)>();
+            let (done, barrier) = (done.clone(), Arc::clone(&barrier));
+            threads.push(w.ns().spawn(move || {
+                let mut worker =
+                    match xina_host::Worker::new(params, bind, xina_host::Config::default()) {
+                        Ok(w) => w,
+                        Err(e) => {
+                            let _ = done.send(Err(format!("rank {r}: {e}")));
+                            return;
+                        }
+                    };
+                for (bytes, iters) in rx {
+                    let _ = done.send(rust_rep(&mut worker, &barrier, r, ranks, bytes, iters));
+                }
+            })?);
+            commands.push(tx);
+        }
+        Ok(Self {
+            commands,
+            results,
+            threads,
+            job: job.id,
+        })
+    }
+
+    /// One repetition: `iters` calls of `bytes` per rank; the time per call.
+    fn rep(&self, bytes: usize, iters: usize) -> anyhow::Result<Duration> {
+        for c in &self.commands {
+            c.send((bytes, iters))
+                .context("a rank of the Rust column is gone")?;
+        }
+        let mut first: Option<Instant> = None;
+        let mut last: Option<Instant> = None;
+        for _ in &self.commands {
+            let (start, end) = self
+                .results
+                .recv_timeout(ANSWER_TIMEOUT)
+                .context("a rank of the Rust column did not answer")?
+                .map_err(|e| anyhow::anyhow!("the Rust column: {e}"))?;
+            first = Some(first.map_or(start, |f| f.min(start)));
+            last = Some(last.map_or(end, |l| l.max(end)));
+        }
+        let span = last.zip(first).map(|(l, f)| l - f).unwrap_or_default();
+        Ok(span / u32::try_from(iters.max(1)).unwrap_or(u32::MAX))
+    }
+}
+
+impl Drop for RustRanks {
+    fn drop(&mut self) {
+        self.commands.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One rank's repetition: a warm-up call, the barrier, `iters` calls timed;
+/// the result checked after the clock stops.
+fn rust_rep(
+    worker: &mut xina_host::Worker,
+    barrier: &Barrier,
+    rank: usize,
+    ranks: usize,
+    bytes: usize,
+    iters: usize,
+) -> Result<(Instant, Instant), String> {
+    let n = bytes / 4;
+    let fill = |buf: &mut Vec<i32>| {
+        buf.clear();
+        buf.extend(
+            (0..n).map(|i| i32::try_from(i % 1000).unwrap_or(0) + i32::try_from(rank).unwrap_or(0)),
+        );
+    };
+    let mut buf = Vec::with_capacity(n);
+    fill(&mut buf);
+    worker
+        .allreduce_i32(&mut buf)
+        .map_err(|e| format!("rank {rank}: {e}"))?;
+    barrier.wait();
+    let start = Instant::now();
+    for _ in 0..iters {
+        fill(&mut buf);
+        worker
+            .allreduce_i32(&mut buf)
+            .map_err(|e| format!("rank {rank}: {e}"))?;
+    }
+    let end = Instant::now();
+    let ranks_sum = i32::try_from(ranks * (ranks - 1) / 2).unwrap_or(0);
+    let r = i32::try_from(ranks).unwrap_or(0);
+    for (i, v) in buf.iter().enumerate() {
+        let want = r * i32::try_from(i % 1000).unwrap_or(0) + ranks_sum;
+        if *v != want {
+            return Err(format!("rank {rank}: element {i} is {v}, not {want}"));
+        }
+    }
+    Ok((start, end))
+}
+
 /// Runs the sweep; `xina_c_dir` holds `libxina_c.so`; `progress` gets a
 /// line per measurement.
 ///
@@ -320,19 +490,38 @@ pub fn run(
                 ("XINA_SERVICE", url.as_str()),
                 ("XINA_TOKEN", switch.token.as_str()),
                 ("XINA_MPI_SLOTS", slots.as_str()),
+                ("XINA_MPI_VERBOSE", "1"),
             ];
             let mut mpi = MpiJob::start(&program, &plain, ANSWER_TIMEOUT)
                 .context("starting Open MPI on the plain star")?;
             let mut xina = MpiJob::start_with_env(&program, &star, ANSWER_TIMEOUT, &[], &env)
                 .context("starting the program through xina on the XDP star")?;
+            let rust = if spec.colls.contains(&Coll::Allreduce) {
+                Some(RustRanks::start(&star, &switch, window_for(elems))?)
+            } else {
+                None
+            };
             for &coll in &spec.colls {
                 for &bytes in &spec.sizes {
                     let iters = match coll {
                         Coll::Allreduce => iters_for(bytes),
                         Coll::Bcast => iters_for(bytes).min(20),
                     };
-                    let (mut m, mut x) = (Vec::new(), Vec::new());
+                    let (mut m, mut x, mut rs) = (Vec::new(), Vec::new(), Vec::new());
                     for rep in 0..spec.reps {
+                        if let (Coll::Allreduce, Some(rust)) = (coll, &rust) {
+                            let (service, ..) =
+                                switch.service.as_ref().context("the job service is gone")?;
+                            service.renew(0, rust.job).map_err(|e| {
+                                anyhow::anyhow!("renewing the Rust column's job: {}", e.message)
+                            })?;
+                            rs.push(rust.rep(bytes, iters).with_context(|| {
+                                format!(
+                                    "the Rust API's allreduce of {} at {ranks} ranks",
+                                    format_size(bytes)
+                                )
+                            })?);
+                        }
                         // Alternate which goes first.
                         for first in [rep % 2 == 0, rep % 2 == 1] {
                             let (job, into) = if first {
@@ -373,8 +562,14 @@ pub fn run(
                     ));
                     records.push(rm);
                     records.push(rx);
+                    if !rs.is_empty() {
+                        let rr = Record::new(coll, "xina-rust", at, &rs);
+                        progress(&format!("  the Rust API: {:.1} us", rr.avg_us));
+                        records.push(rr);
+                    }
                 }
             }
+            drop(rust);
             drop(xina);
             drop(mpi);
             drop(switch);
@@ -406,22 +601,33 @@ pub fn ratio(records: &[Record], coll: Coll, ranks: usize, bytes: usize) -> Opti
     (x.avg_us > 0.0).then(|| m.avg_us / x.avg_us)
 }
 
+/// The PMPI library's time over the Rust API's, minus one: its own cost.
+pub fn library_cost(records: &[Record], ranks: usize, bytes: usize) -> Option<f64> {
+    let x = find(records, Coll::Allreduce, "xina", ranks, bytes)?;
+    let r = find(records, Coll::Allreduce, "xina-rust", ranks, bytes)?;
+    (r.avg_us > 0.0).then(|| x.avg_us / r.avg_us - 1.0)
+}
+
 /// The OSU-style table of `coll` at `ranks`.
 pub fn table(records: &[Record], coll: Coll, ranks: usize) -> String {
     use std::fmt::Write as _;
     let mut out = format!(
-        "{:>9} | {:>28} | {:>28} | {:>9} {:>9} | {:>6}\n",
-        "size", "mpi avg/min/max (us)", "xina avg/min/max (us)", "mpi GB/s", "xina GB/s", "x mpi"
+        "{:>9} | {:>28} | {:>28} | {:>9} | {:>9} {:>9} | {:>6} | {:>8}\n",
+        "size",
+        "mpi avg/min/max (us)",
+        "xina avg/min/max (us)",
+        "rust (us)",
+        "mpi GB/s",
+        "xina GB/s",
+        "x mpi",
+        "lib cost"
     );
-    let sizes: Vec<usize> = {
-        let mut s: Vec<usize> = records
-            .iter()
-            .filter(|r| r.coll == coll && r.ranks == ranks)
-            .map(|r| r.bytes)
-            .collect();
-        s.dedup();
-        s
-    };
+    let mut sizes: Vec<usize> = records
+        .iter()
+        .filter(|r| r.coll == coll && r.ranks == ranks)
+        .map(|r| r.bytes)
+        .collect();
+    sizes.dedup();
     for bytes in sizes {
         let (Some(m), Some(x)) = (
             find(records, coll, "mpi", ranks, bytes),
@@ -429,9 +635,14 @@ pub fn table(records: &[Record], coll: Coll, ranks: usize) -> String {
         ) else {
             continue;
         };
+        let rust = find(records, coll, "xina-rust", ranks, bytes)
+            .map_or_else(|| "-".to_owned(), |r| format!("{:.1}", r.avg_us));
+        let cost = library_cost(records, ranks, bytes)
+            .filter(|_| coll == Coll::Allreduce)
+            .map_or_else(|| "-".to_owned(), |c| format!("{:+.1}%", c * 100.0));
         let _ = writeln!(
             out,
-            "{:>9} | {:>9.1} {:>9.1} {:>8.1} | {:>9.1} {:>9.1} {:>8.1} | {:>9.3} {:>9.3} | {:>6.2}",
+            "{:>9} | {:>9.1} {:>9.1} {:>8.1} | {:>9.1} {:>9.1} {:>8.1} | {rust:>9} | {:>9.3} {:>9.3} | {:>6.2} | {cost:>8}",
             format_size(bytes),
             m.avg_us,
             m.min_us,
@@ -479,6 +690,12 @@ pub fn judge_goals(records: &[Record]) -> Vec<Goal> {
             "8-byte MPI_Allreduce at 8 ranks: xina's latency over Open MPI's",
             small,
             GOAL_SMALL_LATENCY_FRACTION,
+            false,
+        ),
+        goal(
+            "64 MiB MPI_Allreduce at 8 ranks: the PMPI library's time over the Rust API's, minus one",
+            library_cost(records, 8, 64 << 20),
+            GOAL_LIBRARY_COST,
             false,
         ),
     ]

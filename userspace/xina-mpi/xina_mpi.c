@@ -28,7 +28,8 @@
  * XINA_MPI_FLOAT=0 keeps float sums on MPI (MPI's exact order);
  * XINA_MPI_SLOTS (slots of each job, else the service's default);
  * XINA_MPI_GIVE_UP_MS (how long a call waits without progress, else the
- * library's 5 s); XINA_MPI_STATS=1 prints per-rank counts at MPI_Finalize.
+ * library's 5 s); XINA_MPI_STATS=1 prints per-rank counts at MPI_Finalize;
+ * XINA_MPI_VERBOSE=1 prints each job and group rank 0 leased.
  */
 
 #define _GNU_SOURCE
@@ -90,9 +91,27 @@ static struct {
     unsigned slots;
     unsigned give_up_ms;
     int print_stats;
+    int verbose;
     int said_fallback;
     struct counts counts[CALLS];
 } xm = {.keyval = MPI_KEYVAL_INVALID};
+
+/* Buffers kept from call to call, grown as needed, so that a collective
+ * does not map and fault in fresh pages every time. */
+static struct {
+    void *p;
+    size_t len;
+} scratch[2];
+
+static void *scratch_buf(int i, size_t bytes)
+{
+    if (scratch[i].len < bytes) {
+        free(scratch[i].p);
+        scratch[i].p = malloc(bytes);
+        scratch[i].len = scratch[i].p != NULL ? bytes : 0;
+    }
+    return scratch[i].p;
+}
 
 static void say_fallback(const char *why)
 {
@@ -186,6 +205,7 @@ static void setup(void)
     xm.slots = env_unsigned("XINA_MPI_SLOTS", 0);
     xm.give_up_ms = env_unsigned("XINA_MPI_GIVE_UP_MS", 0);
     xm.print_stats = env_unsigned("XINA_MPI_STATS", 0) != 0;
+    xm.verbose = env_unsigned("XINA_MPI_VERBOSE", 0) != 0;
     if (service == NULL || token == NULL || *service == '\0') {
         /* Not asked to: every rank sees the same environment under mpirun;
          * an uneven one is caught by the agreement below. */
@@ -261,6 +281,11 @@ int MPI_Finalize(void)
     if (xm.enabled) {
         PMPI_Comm_delete_attr(MPI_COMM_WORLD, xm.keyval);
         PMPI_Comm_free_keyval(&xm.keyval);
+    }
+    for (int i = 0; i < 2; i++) {
+        free(scratch[i].p);
+        scratch[i].p = NULL;
+        scratch[i].len = 0;
     }
     if (xm.print_stats) {
         int rank = 0;
@@ -435,6 +460,12 @@ static int make_member(MPI_Comm comm, struct member *m, int kind)
         return 0;
     }
     m->state = READY;
+    if (xm.verbose && rank == 0)
+        fprintf(stderr,
+                "xina-mpi: %s %u of %u ranks: %u %s per packet, %s %u\n",
+                kind == KIND_GROUP ? "group" : "job", l.id, l.fan_in, l.elems_or_bytes,
+                kind == KIND_GROUP ? "bytes" : "elements", kind == KIND_GROUP ? "window" : "slots",
+                l.slots_or_window);
     return 1;
 }
 
@@ -533,18 +564,22 @@ int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype ty
         return PMPI_Allreduce(sendbuf, recvbuf, count, type, op, comm);
     }
     size_t bytes = (size_t)count * type_size(xtype);
-    int sum_of_ints = op == MPI_SUM && xtype != XINA_TYPE_FLOAT32;
-    void *saved = NULL;
-    if (sum_of_ints) {
-        saved = malloc(bytes);
-        if (saved == NULL)
-            return no_memory(comm, "allreduce");
-        memcpy(saved, sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf, bytes);
+    /* An integer sum may overflow: its input must survive. sendbuf does
+     * (the sum runs in recvbuf); in place, a copy is kept. */
+    const void *saved = NULL;
+    if (op == MPI_SUM && xtype != XINA_TYPE_FLOAT32) {
+        if (sendbuf == MPI_IN_PLACE) {
+            void *copy = scratch_buf(0, bytes);
+            if (copy == NULL)
+                return no_memory(comm, "allreduce");
+            saved = memcpy(copy, recvbuf, bytes);
+        } else {
+            saved = sendbuf;
+        }
     }
     if (sendbuf != MPI_IN_PLACE)
         memcpy(recvbuf, sendbuf, bytes);
     int rc = combine(m, comm, recvbuf, saved, count, type, op, xtype, XINA_MODE_ALLREDUCE);
-    free(saved);
     xm.counts[C_ALLREDUCE].through++;
     return rc;
 }
@@ -563,24 +598,25 @@ int MPI_Reduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype type,
     size_t bytes = (size_t)count * type_size(xtype);
     /* Every rank gets the result from the switch's copies; only the root
      * keeps it. */
-    void *data = rank == root ? recvbuf : malloc(bytes);
-    int sum_of_ints = op == MPI_SUM && xtype != XINA_TYPE_FLOAT32;
-    void *saved = sum_of_ints ? malloc(bytes) : NULL;
-    if (data == NULL || (sum_of_ints && saved == NULL)) {
-        if (data != recvbuf)
-            free(data);
-        free(saved);
+    void *data = rank == root ? recvbuf : scratch_buf(0, bytes);
+    if (data == NULL)
         return no_memory(comm, "reduce");
-    }
     const void *input = sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf;
-    if (saved != NULL)
-        memcpy(saved, input, bytes);
+    /* As in MPI_Allreduce: an integer sum's input must survive. */
+    const void *saved = NULL;
+    if (op == MPI_SUM && xtype != XINA_TYPE_FLOAT32) {
+        if (data == input) {
+            void *copy = scratch_buf(1, bytes);
+            if (copy == NULL)
+                return no_memory(comm, "reduce");
+            saved = memcpy(copy, input, bytes);
+        } else {
+            saved = input;
+        }
+    }
     if (data != input)
         memcpy(data, input, bytes);
     int rc = combine(m, comm, data, saved, count, type, op, xtype, XINA_MODE_ALLREDUCE);
-    if (data != recvbuf)
-        free(data);
-    free(saved);
     xm.counts[C_REDUCE].through++;
     return rc;
 }
@@ -599,7 +635,7 @@ int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int recvcount, 
     PMPI_Comm_size(comm, &size);
     size_t part = (size_t)recvcount * type_size(xtype), bytes = part * (size_t)size;
     const void *input = sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf;
-    void *data = malloc(bytes);
+    void *data = scratch_buf(0, bytes);
     if (data == NULL)
         return no_memory(comm, "reduce_scatter_block");
     memcpy(data, input, bytes);
@@ -608,8 +644,7 @@ int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int recvcount, 
     if (rc == -1) /* an integer sum overflowed: MPI's result instead */
         rc = PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, type, op, comm);
     else if (rc == MPI_SUCCESS)
-        memmove(recvbuf, (char *)data + (size_t)rank * part, part);
-    free(data);
+        memcpy(recvbuf, (char *)data + (size_t)rank * part, part);
     xm.counts[C_RS].through++;
     return rc;
 }

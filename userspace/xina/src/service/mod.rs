@@ -402,9 +402,10 @@ impl Service {
             },
         );
         log::info!(
-            "job {id} ({}, {} members, {} slots) leased to {}",
+            "job {id} ({}, {} members, {} per packet, {} slots) leased to {}",
             spec.mode.name(),
             spec.members.len(),
+            spec.elems_per_packet,
             spec.slot_count,
             t.name
         );
