@@ -384,8 +384,8 @@ struct BenchMpiArgs {
     /// Repetitions per size and implementation, interleaved.
     #[arg(long, default_value_t = 3)]
     reps: usize,
-    /// Where `libxina_c.so` is (default: next to this program, as `cargo
-    /// build --release` puts it).
+    /// Where `libxina_c.so` is (default: where cargo built it with this
+    /// program, `deps/` beside it).
     #[arg(long)]
     lib_dir: Option<PathBuf>,
     /// Also write the spec, goals and one record per measurement as JSON.
@@ -410,10 +410,12 @@ fn bench_mpi(args: &BenchMpiArgs) -> anyhow::Result<bool> {
                 .parent()
                 .context("this program's directory")?
                 .to_path_buf();
-            if dir.join("libxina_c.so").exists() {
-                dir
-            } else {
+            // Cargo rebuilds the one in deps/ with this program (its
+            // dependency), the one beside it only with `-p xina-c`.
+            if dir.join("deps/libxina_c.so").exists() {
                 dir.join("deps")
+            } else {
+                dir
             }
         }
     };

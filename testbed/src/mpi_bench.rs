@@ -660,14 +660,14 @@ pub fn table(records: &[Record], coll: Coll, ranks: usize) -> String {
 
 /// Issue 16's speed goals at 8 ranks.
 pub fn judge_goals(records: &[Record]) -> Vec<Goal> {
-    let goal = |statement: &str, value: Option<f64>, bound: f64, at_least: bool| Goal {
+    let goal = |statement: &str, value: Option<f64>, bound: f64, at_least: bool, of: &str| Goal {
         statement: statement.to_owned(),
         value,
         bound,
         at_least,
         met: value.map(|v| if at_least { v >= bound } else { v <= bound }),
         detail: if value.is_some() {
-            "Open MPI's average latency over xina's, or its inverse, in this run".to_owned()
+            format!("{of}, average latencies in this run")
         } else {
             "not measured (needs 8 ranks and the size)".to_owned()
         },
@@ -679,24 +679,28 @@ pub fn judge_goals(records: &[Record]) -> Vec<Goal> {
             ratio(records, Coll::Allreduce, 8, 64 << 20),
             GOAL_ALLREDUCE_RATIO,
             true,
+            "Open MPI's over xina's",
         ),
         goal(
             "64 MiB MPI_Bcast at 8 ranks: xina's speed over Open MPI's",
             ratio(records, Coll::Bcast, 8, 64 << 20),
             GOAL_BCAST_RATIO,
             true,
+            "Open MPI's over xina's",
         ),
         goal(
             "8-byte MPI_Allreduce at 8 ranks: xina's latency over Open MPI's",
             small,
             GOAL_SMALL_LATENCY_FRACTION,
             false,
+            "xina's over Open MPI's",
         ),
         goal(
             "64 MiB MPI_Allreduce at 8 ranks: the PMPI library's time over the Rust API's, minus one",
             library_cost(records, 8, 64 << 20),
             GOAL_LIBRARY_COST,
             false,
+            "the PMPI library's over the Rust API's, minus one",
         ),
     ]
 }

@@ -536,15 +536,19 @@ static int no_memory(MPI_Comm comm, const char *what)
     return MPI_ERR_NO_MEM;
 }
 
-/* Combines `count` elements in `data` over `comm` in place, all ranks
- * getting the result; an overflowing integer sum is redone by PMPI from
+/* Combines `count` elements over `comm`, all ranks getting the result in
+ * `data`: from `input` (out of place, no copy) or, with `input` NULL, from
+ * `data` in place. An overflowing integer sum is redone by PMPI from
  * `saved`. */
-static int combine(struct member *m, MPI_Comm comm, void *data, const void *saved, int count,
-                   MPI_Datatype type, MPI_Op op, int xtype, int mode)
+static int combine(struct member *m, MPI_Comm comm, const void *input, void *data,
+                   const void *saved, int count, MPI_Datatype type, MPI_Op op, int xtype,
+                   int mode)
 {
+    size_t n = (size_t)count;
     XinaStatus st = mode == XINA_MODE_REDUCE_SCATTER
-                        ? xina_reduce_scatter(m->worker, data, (size_t)count, (uint32_t)xtype)
-                        : xina_allreduce(m->worker, data, (size_t)count, (uint32_t)xtype);
+                        ? xina_reduce_scatter(m->worker, data, n, (uint32_t)xtype)
+                    : input != NULL ? xina_allreduce_from(m->worker, input, data, n, (uint32_t)xtype)
+                                    : xina_allreduce(m->worker, data, n, (uint32_t)xtype);
     if (st == XINA_STATUS_OVERFLOW && saved != NULL)
         return mode == XINA_MODE_REDUCE_SCATTER
                    ? -1 /* the caller redoes it with PMPI */
@@ -565,7 +569,7 @@ int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype ty
     }
     size_t bytes = (size_t)count * type_size(xtype);
     /* An integer sum may overflow: its input must survive. sendbuf does
-     * (the sum runs in recvbuf); in place, a copy is kept. */
+     * (the switch's results go to recvbuf); in place, a copy is kept. */
     const void *saved = NULL;
     if (op == MPI_SUM && xtype != XINA_TYPE_FLOAT32) {
         if (sendbuf == MPI_IN_PLACE) {
@@ -577,9 +581,8 @@ int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype ty
             saved = sendbuf;
         }
     }
-    if (sendbuf != MPI_IN_PLACE)
-        memcpy(recvbuf, sendbuf, bytes);
-    int rc = combine(m, comm, recvbuf, saved, count, type, op, xtype, XINA_MODE_ALLREDUCE);
+    const void *input = sendbuf == MPI_IN_PLACE ? NULL : sendbuf;
+    int rc = combine(m, comm, input, recvbuf, saved, count, type, op, xtype, XINA_MODE_ALLREDUCE);
     xm.counts[C_ALLREDUCE].through++;
     return rc;
 }
@@ -614,9 +617,8 @@ int MPI_Reduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype type,
             saved = input;
         }
     }
-    if (data != input)
-        memcpy(data, input, bytes);
-    int rc = combine(m, comm, data, saved, count, type, op, xtype, XINA_MODE_ALLREDUCE);
+    int rc = combine(m, comm, data != input ? input : NULL, data, saved, count, type, op, xtype,
+                     XINA_MODE_ALLREDUCE);
     xm.counts[C_REDUCE].through++;
     return rc;
 }
@@ -639,7 +641,7 @@ int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int recvcount, 
     if (data == NULL)
         return no_memory(comm, "reduce_scatter_block");
     memcpy(data, input, bytes);
-    int rc = combine(m, comm, data, input, recvcount * size, type, op, xtype,
+    int rc = combine(m, comm, NULL, data, input, recvcount * size, type, op, xtype,
                      XINA_MODE_REDUCE_SCATTER);
     if (rc == -1) /* an integer sum overflowed: MPI's result instead */
         rc = PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, type, op, comm);

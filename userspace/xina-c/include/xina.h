@@ -184,6 +184,21 @@ enum XinaStatus xina_allreduce(struct XinaWorker *worker,
                                size_t count,
                                uint32_t elem_type);
 
+// [`xina_allreduce`] out of place: `count` elements at `input` are sent
+// and left as they were, the results land at `output` (the two must not
+// overlap). int32 and int64 go straight from `input`; float32 is copied
+// to `output` first (its fixed-point conversion needs a buffer anyway).
+//
+// # Safety
+// As [`xina_allreduce`]; `input` is null (with `count` 0) or points to
+// `count` readable elements of `elem_type` that nothing writes during the
+// call, disjoint from `output`.
+enum XinaStatus xina_allreduce_from(struct XinaWorker *worker,
+                                    const void *input,
+                                    void *output,
+                                    size_t count,
+                                    uint32_t elem_type);
+
 // Like [`xina_allreduce`] on a reduce job: only `root` gets the result
 // (the others' data is unspecified afterwards).
 //
@@ -231,6 +246,13 @@ enum XinaStatus xina_worker_stats(const struct XinaWorker *worker,
 // bytes of writes.
 enum XinaStatus xina_worker_local_addr(const struct XinaWorker *worker, char *buf, size_t len);
 
+// The message of this thread's last call into the library: empty if it
+// succeeded. Valid until the thread's next call; never null.
+const char *xina_last_error(void);
+
+// A status's name (`"ok"`, `"gave up"`, ...), for messages; never null.
+const char *xina_status_name(uint32_t status);
+
 // Creates a multicast group member from `params` and binds its socket.
 //
 // # Safety
@@ -266,13 +288,6 @@ enum XinaStatus xina_allgather(struct XinaGroup *group, void *data, size_t len);
 enum XinaStatus xina_group_stats(const struct XinaGroup *group,
                                  struct XinaStats *last,
                                  struct XinaStats *total);
-
-// The message of this thread's last call into the library: empty if it
-// succeeded. Valid until the thread's next call; never null.
-const char *xina_last_error(void);
-
-// A status's name (`"ok"`, `"gave up"`, ...), for messages; never null.
-const char *xina_status_name(uint32_t status);
 
 // Asks the job service at `url` (`http://a.b.c.d:port`) with `token` for
 // the switch's address (where members send), and writes it,

@@ -25,8 +25,12 @@
 //! can come from the job service (`xina serve`) through [`service`]'s
 //! leases, and members can be made on sockets bound before the job existed.
 
+mod group;
 mod service;
 
+pub use group::{
+    xina_allgather, xina_broadcast, xina_group_free, xina_group_new, xina_group_stats,
+};
 pub use service::{
     XinaLease, xina_group_adopt, xina_lease_free, xina_lease_group_params, xina_lease_job_params,
     xina_lease_new, xina_service_switch, xina_worker_adopt,
@@ -38,7 +42,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
-use xina_host::{Config, Error, GroupParams, GroupWorker, JobParams, Mode, Scalar, Stats, Worker};
+use xina_host::{Config, Error, GroupWorker, JobParams, Mode, Scalar, Stats, Worker};
 use xina_proto::{DType, Op};
 
 /// What a call returned.
@@ -552,15 +556,40 @@ unsafe fn worker_mut<'a>(worker: *mut XinaWorker) -> Result<&'a mut XinaWorker, 
 /// `data` is null (with `count` 0) or points to `count` elements of `T`,
 /// writable and not used elsewhere during the call.
 unsafe fn elements<'a, T>(data: *mut c_void, count: usize) -> Result<&'a mut [T], Failure> {
+    if checked::<T>(data, count, "data")? {
+        // SAFETY: aligned, not null, `count` elements (the caller's promise).
+        Ok(unsafe { std::slice::from_raw_parts_mut(data.cast::<T>(), count) })
+    } else {
+        Ok(&mut [])
+    }
+}
+
+/// As [`elements`], read only.
+///
+/// # Safety
+/// `data` is null (with `count` 0) or points to `count` elements of `T`
+/// that nothing writes during the call.
+unsafe fn elements_in<'a, T>(data: *const c_void, count: usize) -> Result<&'a [T], Failure> {
+    if checked::<T>(data, count, "input")? {
+        // SAFETY: aligned, not null, `count` elements (the caller's promise).
+        Ok(unsafe { std::slice::from_raw_parts(data.cast::<T>(), count) })
+    } else {
+        Ok(&[])
+    }
+}
+
+/// Whether `count` elements of `T` at `data` make a slice (`false`: an
+/// empty one); the error names `what`.
+fn checked<T>(data: *const c_void, count: usize, what: &str) -> Result<bool, Failure> {
     if count == 0 {
-        return Ok(&mut []);
+        return Ok(false);
     }
     if data.is_null() {
-        return Err(null("data"));
+        return Err(null(what));
     }
     if !(data as usize).is_multiple_of(align_of::<T>()) {
         return Err(invalid(format!(
-            "data: not aligned to {} bytes for its elements",
+            "{what}: not aligned to {} bytes for its elements",
             align_of::<T>()
         )));
     }
@@ -572,8 +601,7 @@ unsafe fn elements<'a, T>(data: *mut c_void, count: usize) -> Result<&'a mut [T]
             "count: {count} elements do not fit memory"
         )));
     }
-    // SAFETY: aligned, not null, `count` elements (the caller's promise).
-    Ok(unsafe { std::slice::from_raw_parts_mut(data.cast::<T>(), count) })
+    Ok(true)
 }
 
 /// What a collective does with a slice of one element type.
@@ -654,6 +682,60 @@ pub unsafe extern "C" fn xina_allreduce(
 ) -> XinaStatus {
     // SAFETY: the caller's promise, passed on.
     unsafe { collective(worker, data, count, elem_type, &Allreduce) }
+}
+
+/// [`xina_allreduce`] out of place: `count` elements at `input` are sent
+/// and left as they were, the results land at `output` (the two must not
+/// overlap). int32 and int64 go straight from `input`; float32 is copied
+/// to `output` first (its fixed-point conversion needs a buffer anyway).
+///
+/// # Safety
+/// As [`xina_allreduce`]; `input` is null (with `count` 0) or points to
+/// `count` readable elements of `elem_type` that nothing writes during the
+/// call, disjoint from `output`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xina_allreduce_from(
+    worker: *mut XinaWorker,
+    input: *const c_void,
+    output: *mut c_void,
+    count: usize,
+    elem_type: u32,
+) -> XinaStatus {
+    /// # Safety
+    /// As the function's.
+    unsafe fn from<T: xina_host::Element>(
+        w: &mut XinaWorker,
+        input: *const c_void,
+        output: *mut c_void,
+        count: usize,
+    ) -> Outcome {
+        // SAFETY: the caller's promise; null and alignment are checked.
+        let (input, output) = unsafe {
+            (
+                elements_in::<T>(input, count)?,
+                elements::<T>(output, count)?,
+            )
+        };
+        let stats = w.worker.allreduce_from(input, output);
+        record(&mut w.last, &mut w.total, stats)
+    }
+    run(|| {
+        // SAFETY: the caller's promise.
+        let w = unsafe { worker_mut(worker) }?;
+        // SAFETY: the caller's promise for the buffers.
+        unsafe {
+            match self::elem_type(elem_type, "elem_type")? {
+                XinaType::Int32 => from::<i32>(w, input, output, count),
+                XinaType::Int64 => from::<i64>(w, input, output, count),
+                XinaType::Float32 => {
+                    let src = elements_in::<f32>(input, count)?;
+                    let dst = elements::<f32>(output, count)?;
+                    dst.copy_from_slice(src);
+                    record(&mut w.last, &mut w.total, w.worker.allreduce(dst))
+                }
+            }
+        }
+    })
 }
 
 /// Like [`xina_allreduce`] on a reduce job: only `root` gets the result
@@ -782,131 +864,6 @@ unsafe fn copy_out(s: &str, buf: *mut c_char, len: usize) -> Outcome {
         *buf.add(s.len()) = 0;
     }
     Ok(())
-}
-
-/// Creates a multicast group member from `params` and binds its socket.
-///
-/// # Safety
-/// As [`xina_worker_new`], for an [`XinaGroupParams`].
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn xina_group_new(
-    params: *const XinaGroupParams,
-    out: *mut *mut XinaGroup,
-) -> XinaStatus {
-    run(|| {
-        // SAFETY: null or a valid XinaGroupParams (the caller's promise).
-        let p = unsafe { params.as_ref() }.ok_or_else(|| null("params"))?;
-        if out.is_null() {
-            return Err(null("out"));
-        }
-        let (params, give_up_ms) = group_from(p)?;
-        // SAFETY: the caller's promise for the params' strings.
-        let bind = unsafe { text(p.bind_addr, "bind_addr") }?;
-        let bind = bind.map_or(Ok(ANY), |b| address(b, "bind_addr"))?;
-        let member = GroupWorker::new(params, bind, config(give_up_ms))?;
-        // SAFETY: not null and valid for a write (the caller's promise).
-        unsafe { hand_out(XinaGroup::of(member), out) };
-        Ok(())
-    })
-}
-
-/// A group member's checked values, and its give-up time.
-fn group_from(p: &XinaGroupParams) -> Result<(GroupParams, u32), Failure> {
-    // SAFETY: the caller's promise for the params' strings.
-    let switch =
-        unsafe { text(p.switch_addr, "switch_addr") }?.ok_or_else(|| null("switch_addr"))?;
-    let params = GroupParams {
-        group: p.group,
-        rank: p.rank,
-        fan_in: p.fan_in,
-        bytes_per_packet: p.bytes_per_packet,
-        window: p.window,
-        switch: address(switch, "switch_addr")?,
-    };
-    Ok((params, p.give_up_ms))
-}
-
-/// Frees a group member's handle. Null is ignored.
-///
-/// # Safety
-/// `group` is null or a handle from [`xina_group_new`] not freed yet.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn xina_group_free(group: *mut XinaGroup) {
-    if !group.is_null() {
-        // SAFETY: a live handle made by Box::into_raw (the caller's promise).
-        drop(unsafe { Box::from_raw(group) });
-    }
-}
-
-/// # Safety
-/// `group` is null or a live handle used by no other thread; `data` as
-/// [`elements`] for bytes.
-unsafe fn group_call(
-    group: *mut XinaGroup,
-    data: *mut c_void,
-    len: usize,
-    call: impl FnOnce(&mut GroupWorker, &mut [u8]) -> Result<Stats, Error>,
-) -> XinaStatus {
-    run(|| {
-        // SAFETY: null or a live, unshared handle (the caller's promise).
-        let g = unsafe { group.as_mut() }.ok_or_else(|| null("group"))?;
-        // SAFETY: the caller's promise for `data` and `len`.
-        let bytes = unsafe { elements::<u8>(data, len) }?;
-        let stats = call(&mut g.member, bytes);
-        record(&mut g.last, &mut g.total, stats)
-    })
-}
-
-/// Broadcasts `len` bytes at `data` from `root` to every member: the root's
-/// buffer is sent, every other member's is overwritten.
-///
-/// # Safety
-/// `group` is null or a live handle used by no other thread; `data` is null
-/// (with `len` 0) or points to `len` writable bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn xina_broadcast(
-    group: *mut XinaGroup,
-    root: u8,
-    data: *mut c_void,
-    len: usize,
-) -> XinaStatus {
-    // SAFETY: the caller's promise, passed on.
-    unsafe { group_call(group, data, len, |m, d| m.broadcast(root, d)) }
-}
-
-/// Gathers every member's part: `len` (a multiple of the members) bytes at
-/// `data` in `fan_in` equal parts, member `r` sending part `r`; afterwards
-/// every member holds all parts.
-///
-/// # Safety
-/// As [`xina_broadcast`].
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn xina_allgather(
-    group: *mut XinaGroup,
-    data: *mut c_void,
-    len: usize,
-) -> XinaStatus {
-    // SAFETY: the caller's promise, passed on.
-    unsafe { group_call(group, data, len, GroupWorker::allgather) }
-}
-
-/// As [`xina_worker_stats`], for a group member.
-///
-/// # Safety
-/// As [`xina_worker_stats`].
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn xina_group_stats(
-    group: *const XinaGroup,
-    last: *mut XinaStats,
-    total: *mut XinaStats,
-) -> XinaStatus {
-    run(|| {
-        // SAFETY: null or a live handle (the caller's promise).
-        let g = unsafe { group.as_ref() }.ok_or_else(|| null("group"))?;
-        // SAFETY: null or valid for writes (the caller's promise).
-        unsafe { write_stats(g.last, g.total, last, total) };
-        Ok(())
-    })
 }
 
 /// The message of this thread's last call into the library: empty if it

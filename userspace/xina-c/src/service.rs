@@ -417,7 +417,7 @@ pub unsafe extern "C" fn xina_group_adopt(
         if out.is_null() {
             return Err(null("out"));
         }
-        let (params, give_up_ms) = super::group_from(p)?;
+        let (params, give_up_ms) = super::group::group_from(p)?;
         let member = GroupWorker::with_socket(params, socket, config(give_up_ms))?;
         // SAFETY: not null and valid for a write (the caller's promise).
         unsafe { hand_out(XinaGroup::of(member), out) };

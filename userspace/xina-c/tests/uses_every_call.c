@@ -48,6 +48,8 @@ int main(void) {
     failed |= expect(xina_worker_new(&params, &worker), XINA_STATUS_OK, "worker_new");
     failed |= expect(xina_worker_local_addr(worker, addr, sizeof addr), XINA_STATUS_OK, "local_addr");
     failed |= expect(xina_allreduce(worker, data, 4, XINA_TYPE_INT32), XINA_STATUS_GAVE_UP, "allreduce");
+    int32_t out[4];
+    failed |= expect(xina_allreduce_from(worker, data, out, 4, XINA_TYPE_INT32), XINA_STATUS_GAVE_UP, "allreduce_from");
     failed |= expect(xina_reduce(worker, 0, data, 4, XINA_TYPE_INT32), XINA_STATUS_INVALID_ARGUMENT, "reduce");
     failed |= expect(xina_reduce_scatter(worker, data, 4, XINA_TYPE_INT32), XINA_STATUS_INVALID_ARGUMENT,
                      "reduce_scatter");

@@ -893,6 +893,9 @@ pub struct Engine<'a, T: Element> {
     /// the call started and at every change.
     trace: Option<Vec<(Instant, u32)>>,
     data: &'a mut [T],
+    /// With [`with_input`](Self::with_input): what is sent instead of
+    /// `data`'s contents (`data` then only receives results).
+    input: Option<&'a [T]>,
     /// What this rank sends in the call check, and receives when it is
     /// the root of the check's chunks.
     check: [T; CHECK_LEN],
@@ -1056,6 +1059,7 @@ impl<'a, T: Element> Engine<'a, T> {
             limited: false,
             trace: None,
             data,
+            input: None,
             check,
             check_expect,
             check_result: [T::default(); CHECK_LEN],
@@ -1086,6 +1090,23 @@ impl<'a, T: Element> Engine<'a, T> {
                 ..Stats::default()
             },
         })
+    }
+
+    /// Sends `input` instead of the data buffer's contents: an
+    /// out-of-place call, whose results land in the data buffer and whose
+    /// input is left as it was.
+    ///
+    /// # Panics
+    /// If `input` is not exactly as long as the data buffer.
+    #[must_use]
+    pub fn with_input(mut self, input: &'a [T]) -> Self {
+        assert_eq!(
+            input.len(),
+            self.data.len(),
+            "an out-of-place call's input and results differ in length"
+        );
+        self.input = Some(input);
+        self
     }
 
     /// Starts from a round-trip estimate carried over from earlier calls.
@@ -1820,7 +1841,10 @@ impl<'a, T: Element> Engine<'a, T> {
         let mut packet = Packet::new_unchecked(&mut buf[..len]);
         repr.emit(&mut packet);
         let values = match segment.source {
-            Source::Data => &self.data[range],
+            Source::Data => match self.input {
+                Some(input) => &input[range],
+                None => &self.data[range],
+            },
             Source::Shared => &self.shared[range],
             Source::Check => &self.check[range],
         };

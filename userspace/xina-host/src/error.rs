@@ -79,6 +79,14 @@ pub enum Error {
     )]
     LengthNotDivisible { job: u32, len: usize, fan_in: u8 },
 
+    /// An out-of-place call's input and output differ in length.
+    #[error("job {job}: an allreduce from {input} elements into {output}: the lengths must match")]
+    LengthMismatch {
+        job: u32,
+        input: usize,
+        output: usize,
+    },
+
     /// The call check found that the ranks did not all make the same call
     /// (collective, root and length). The ranks' chunk numbers are out of
     /// step from here on: reinstall the job.

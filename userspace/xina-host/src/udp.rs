@@ -440,6 +440,34 @@ impl Worker {
         self.call(Collective::Allreduce, data)
     }
 
+    /// [`allreduce`](Self::allreduce) of integers, out of place: `input`
+    /// is sent and left as it was, the results land in `output`. Saves the
+    /// copy an in-place call needs when the input must survive (MPI's
+    /// send and receive buffers; an overflowing sum redone elsewhere).
+    ///
+    /// # Errors
+    /// As [`allreduce`](Self::allreduce), and [`Error::LengthMismatch`]
+    /// when the buffers differ in length.
+    pub fn allreduce_from<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+    ) -> Result<Stats, Error> {
+        if input.len() != output.len() {
+            return Err(Error::LengthMismatch {
+                job: self.core.params.job,
+                input: input.len(),
+                output: output.len(),
+            });
+        }
+        let mut engine = self
+            .core
+            .engine(Collective::Allreduce, output, false)?
+            .with_input(input);
+        let outcome = self.drive(&mut engine);
+        self.core.finish(&engine, outcome).map(|o| o.stats)
+    }
+
     /// [`allreduce`](Self::allreduce) of int32s.
     ///
     /// # Errors

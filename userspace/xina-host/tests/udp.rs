@@ -431,3 +431,38 @@ where
         })
         .await
 }
+
+#[test]
+fn an_out_of_place_allreduce_leaves_its_input_and_fills_its_output() {
+    let (workers, switch) = setup(3, 256, 16, Config::default(), 0.0);
+    let len = 10_007;
+    let handles: Vec<_> = workers
+        .into_iter()
+        .map(|mut worker| {
+            std::thread::spawn(move || {
+                let rank = worker.params().rank;
+                let input = data(rank, len, 0);
+                let mut output = vec![-1; len];
+                let stats = worker.allreduce_from(&input, &mut output);
+                // A length mismatch is refused before anything is sent.
+                let short = worker.allreduce_from(&input, &mut output[1..]);
+                (rank, input, output, stats, short)
+            })
+        })
+        .collect();
+    let want = expected(3, len, 0);
+    for h in handles {
+        let (rank, input, output, stats, short) = h.join().unwrap();
+        stats.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert!(output == want, "rank {rank}: wrong sums");
+        assert!(
+            input == data(rank, len, 0),
+            "rank {rank}: its input changed"
+        );
+        assert!(
+            matches!(short, Err(Error::LengthMismatch { .. })),
+            "rank {rank}: {short:?}"
+        );
+    }
+    assert_eq!(switch.stop().completed, 1 + len.div_ceil(256) as u64);
+}
