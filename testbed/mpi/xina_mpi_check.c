@@ -11,7 +11,8 @@
  * job naming the first mismatch. With "--only-allreduce", runs int32 sum
  * allreduces of 1,000,000 elements in a loop until killed (for the test
  * that kills a rank mid-allreduce), printing "xina-mpi-check: looping"
- * after the first.
+ * after the first. With "--thread-multiple", initialises with
+ * MPI_Init_thread(MPI_THREAD_MULTIPLE) and runs the checks.
  */
 
 #include <limits.h>
@@ -243,7 +244,16 @@ static void loop_allreduce(void)
 
 int main(int argc, char **argv)
 {
-    MPI_Init(&argc, &argv);
+    if (argc > 1 && strcmp(argv[1], "--thread-multiple") == 0) {
+        int provided;
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+        if (provided != MPI_THREAD_MULTIPLE) {
+            fprintf(stderr, "xina-mpi-check: this MPI gives no MPI_THREAD_MULTIPLE\n");
+            MPI_Abort(MPI_COMM_WORLD, 2);
+        }
+    } else {
+        MPI_Init(&argc, &argv);
+    }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (argc > 1 && strcmp(argv[1], "--only-allreduce") == 0)

@@ -24,6 +24,9 @@
  * collective (a rank gone, the switch unreachable) is MPI_ERR_OTHER through
  * the communicator's error handler, with xina's message on stderr.
  *
+ * Under MPI_THREAD_MULTIPLE everything goes to PMPI (said once): a member
+ * takes one call at a time.
+ *
  * Environment: XINA_SERVICE, XINA_TOKEN (both needed to use the switch);
  * XINA_MPI_FLOAT=0 keeps float sums on MPI (MPI's exact order);
  * XINA_MPI_SLOTS (slots of each job, else the service's default);
@@ -192,9 +195,9 @@ static int local_address(const char *switch_addr)
 
 static int delete_state(MPI_Comm comm, int keyval, void *value, void *extra);
 
-/* After PMPI_Init: learn the switch's address from the service (rank 0),
- * share it and whether to go on. */
-static void setup(void)
+/* After PMPI_Init (at thread level `threads`): learn the switch's address
+ * from the service (rank 0), share it and whether to go on. */
+static void setup(int threads)
 {
     const char *service = getenv("XINA_SERVICE");
     const char *token = getenv("XINA_TOKEN");
@@ -213,6 +216,15 @@ static void setup(void)
     } else {
         snprintf(xm.service, sizeof xm.service, "%s", service);
         snprintf(xm.token, sizeof xm.token, "%s", token);
+    }
+    if (threads == MPI_THREAD_MULTIPLE && xm.service[0] != '\0') {
+        /* A member takes one call at a time, and which thread's call a
+         * switch job would serve is not known. */
+        if (rank == 0)
+            say_fallback("MPI_THREAD_MULTIPLE: the xina library takes collectives from one thread "
+                         "at a time");
+        xm.said_fallback = 1;
+        xm.service[0] = '\0';
     }
     char answer[64] = {0};
     if (rank == 0 && xm.service[0] != '\0') {
@@ -243,7 +255,7 @@ int MPI_Init(int *argc, char ***argv)
 {
     int rc = PMPI_Init(argc, argv);
     if (rc == MPI_SUCCESS)
-        setup();
+        setup(MPI_THREAD_SINGLE);
     return rc;
 }
 
@@ -251,7 +263,7 @@ int MPI_Init_thread(int *argc, char ***argv, int required, int *provided)
 {
     int rc = PMPI_Init_thread(argc, argv, required, provided);
     if (rc == MPI_SUCCESS)
-        setup();
+        setup(*provided);
     return rc;
 }
 

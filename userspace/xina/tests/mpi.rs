@@ -216,6 +216,23 @@ fn two_mpi_jobs_at_once_share_the_switch() {
     checks_at_once(2);
 }
 
+/// The check program passes with every call on MPI, said once on stderr
+/// with `reason`.
+fn assert_all_on_mpi(ended: &Ended, reason: &str) {
+    assert_passed(ended);
+    let said: Vec<&String> = ended.stderr.iter().filter(|l| l.contains(reason)).collect();
+    assert_eq!(said.len(), 1, "said once: {}", explain(ended));
+    for call in ["allreduce", "bcast", "barrier"] {
+        assert!(
+            counts(ended, call)
+                .iter()
+                .all(|&(through, all)| through == 0 && all > 0),
+            "{call}: {}",
+            explain(ended)
+        );
+    }
+}
+
 #[test]
 fn with_the_service_down_every_call_goes_to_mpi() {
     let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
@@ -223,23 +240,22 @@ fn with_the_service_down_every_call_goes_to_mpi() {
     // Nothing listens on port 1 of the switch host.
     let service = format!("{}:1", bed.star.control_ip());
     let ended = bed.check(&service, &[], &[]).wait(CHECK_TIMEOUT).unwrap();
-    assert_passed(&ended);
-    let said: Vec<&String> = ended
-        .stderr
-        .iter()
-        .filter(|l| l.contains("no xina switch"))
-        .collect();
-    assert_eq!(said.len(), 1, "said once: {}", explain(&ended));
-    for call in ["allreduce", "bcast", "barrier"] {
-        assert!(
-            counts(&ended, call)
-                .iter()
-                .all(|&(through, all)| through == 0 && all > 0),
-            "{call}: {}",
-            explain(&ended)
-        );
-    }
+    assert_all_on_mpi(&ended, "no xina switch");
     assert!(installed(&bed.xina()).is_empty());
+}
+
+#[test]
+fn under_mpi_thread_multiple_every_call_goes_to_mpi() {
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut bed = Bed::new();
+    let serve = bed.serve(30);
+    let ended = bed
+        .check(&serve.addr, &["--thread-multiple"], &[])
+        .wait(CHECK_TIMEOUT)
+        .unwrap();
+    assert_all_on_mpi(&ended, "MPI_THREAD_MULTIPLE");
+    assert!(installed(&bed.xina()).is_empty());
+    assert!(serve.stop());
 }
 
 #[test]
