@@ -28,14 +28,14 @@ use xina::{
     service::{self, Service, ServiceConfig},
 };
 use xina_host::JobParams;
-use xina_proto::{DType, XINA_UDP_PORT, frame};
+use xina_proto::{DType, frame};
 
 use crate::{
     allreduce_bench::{format_size, iters_for, window_for},
     bcast_bench::Goal,
     mpi::{MpiJob, MpiProgram},
     netns, plain,
-    pmpi::Pmpi,
+    pmpi::{Pmpi, service_text},
     topology::{Star, StarOptions},
 };
 
@@ -214,20 +214,14 @@ impl Switch {
             token: format!("bench-{}", netns::unique_token()).repeat(2),
         };
         star.refresh_redirect_targets()?;
-        let mut text = format!(
-            "listen = \"{}:0\"\nswitch_addr = \"{}:{XINA_UDP_PORT}\"\n\
-             [[tenants]]\nname = \"bench\"\ntoken = \"{}\"\nmax_jobs = 64\nmax_slots = 1000000\n",
-            star.control_ip(),
-            star.service_ip(),
-            switch.token
+        let text = service_text(
+            star,
+            30,
+            &format!(
+                "[[tenants]]\nname = \"bench\"\ntoken = \"{}\"\nmax_jobs = 64\nmax_slots = 1000000\n",
+                switch.token
+            ),
         );
-        for (r, w) in star.workers().iter().enumerate() {
-            text.push_str(&format!(
-                "[[hosts]]\nprefix = \"{}/32\"\nport = \"{}\"\n",
-                w.ip,
-                star.port(r).name
-            ));
-        }
         let config = ServiceConfig::parse(&text).context("the bench's service file")?;
         let dir = switch.dir.clone();
         let (service, _) = star

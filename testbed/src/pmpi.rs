@@ -3,9 +3,11 @@
 //! testbed's check program (`testbed/mpi/xina_mpi_check.c`) with it;
 //! [`MpiRun`] runs a program to its end with one rank per worker namespace
 //! of a star (as [`crate::mpi`] launches its bench program), the library
-//! preloaded into every rank.
+//! preloaded into every rank; [`service_text`] is the job service's file
+//! for a star.
 
 use std::{
+    fmt::Write as _,
     fs,
     io::{BufRead as _, BufReader, Read},
     path::{Path, PathBuf},
@@ -31,6 +33,28 @@ pub const CHECK_SOURCE: &str = include_str!("../mpi/xina_mpi_check.c");
 /// The C header of `libxina_c`.
 pub fn include_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../userspace/xina-c/include")
+}
+
+/// A service file for `star`'s switch: listening on the control address
+/// (a port the kernel picks), every worker's address routed to its port,
+/// leases of `lease_secs`, and `tenants` (`[[tenants]]` entries).
+pub fn service_text(star: &Star, lease_secs: u64, tenants: &str) -> String {
+    let mut text = format!(
+        "listen = \"{}:0\"\nswitch_addr = \"{}:{}\"\nlease_secs = {lease_secs}\njob_ids = [100, 199]\n",
+        star.control_ip(),
+        star.service_ip(),
+        xina_proto::XINA_UDP_PORT
+    );
+    for (r, w) in star.workers().iter().enumerate() {
+        let _ = write!(
+            text,
+            "[[hosts]]\nprefix = \"{}/32\"\nport = \"{}\"\n",
+            w.ip,
+            star.port(r).name
+        );
+    }
+    text.push_str(tenants);
+    text
 }
 
 /// The PMPI library and the check program, compiled in a temporary

@@ -550,23 +550,27 @@ static int no_memory(MPI_Comm comm, const char *what)
 
 /* Combines `count` elements over `comm`, all ranks getting the result in
  * `data`: from `input` (out of place, no copy) or, with `input` NULL, from
- * `data` in place. An overflowing integer sum is redone by PMPI from
- * `saved`. */
-static int combine(struct member *m, MPI_Comm comm, const void *input, void *data,
-                   const void *saved, int count, MPI_Datatype type, MPI_Op op, int xtype,
-                   int mode)
+ * `data` in place. An integer sum that overflows is redone by PMPI from
+ * its input, which survives in `input` or, in place, in a copy kept here. */
+static int combine(struct member *m, MPI_Comm comm, const void *input, void *data, int count,
+                   MPI_Datatype type, MPI_Op op, int xtype, const char *what)
 {
     size_t n = (size_t)count;
-    XinaStatus st = mode == XINA_MODE_REDUCE_SCATTER
-                        ? xina_reduce_scatter(m->worker, data, n, (uint32_t)xtype)
-                    : input != NULL ? xina_allreduce_from(m->worker, input, data, n, (uint32_t)xtype)
-                                    : xina_allreduce(m->worker, data, n, (uint32_t)xtype);
+    const void *saved = input;
+    if (input == NULL && op == MPI_SUM && xtype != XINA_TYPE_FLOAT32) {
+        size_t bytes = n * type_size(xtype);
+        void *copy = scratch_buf(1, bytes);
+        if (copy == NULL)
+            return no_memory(comm, what);
+        saved = memcpy(copy, data, bytes);
+    }
+    XinaStatus st = input != NULL
+                        ? xina_allreduce_from(m->worker, input, data, n, (uint32_t)xtype)
+                        : xina_allreduce(m->worker, data, n, (uint32_t)xtype);
     if (st == XINA_STATUS_OVERFLOW && saved != NULL)
-        return mode == XINA_MODE_REDUCE_SCATTER
-                   ? -1 /* the caller redoes it with PMPI */
-                   : PMPI_Allreduce(saved, data, count, type, op, comm);
+        return PMPI_Allreduce(saved, data, count, type, op, comm);
     if (st != XINA_STATUS_OK)
-        return failed(comm, mode == XINA_MODE_REDUCE_SCATTER ? "reduce-scatter" : "allreduce");
+        return failed(comm, what);
     return MPI_SUCCESS;
 }
 
@@ -579,24 +583,9 @@ int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype ty
         xm.counts[C_ALLREDUCE].fallback++;
         return PMPI_Allreduce(sendbuf, recvbuf, count, type, op, comm);
     }
-    size_t bytes = (size_t)count * type_size(xtype);
-    /* An integer sum may overflow: its input must survive. sendbuf does
-     * (the switch's results go to recvbuf); in place, a copy is kept. */
-    const void *saved = NULL;
-    if (op == MPI_SUM && xtype != XINA_TYPE_FLOAT32) {
-        if (sendbuf == MPI_IN_PLACE) {
-            void *copy = scratch_buf(0, bytes);
-            if (copy == NULL)
-                return no_memory(comm, "allreduce");
-            saved = memcpy(copy, recvbuf, bytes);
-        } else {
-            saved = sendbuf;
-        }
-    }
-    const void *input = sendbuf == MPI_IN_PLACE ? NULL : sendbuf;
-    int rc = combine(m, comm, input, recvbuf, saved, count, type, op, xtype, XINA_MODE_ALLREDUCE);
     xm.counts[C_ALLREDUCE].through++;
-    return rc;
+    return combine(m, comm, sendbuf == MPI_IN_PLACE ? NULL : sendbuf, recvbuf, count, type, op,
+                   xtype, "allreduce");
 }
 
 int MPI_Reduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype type, MPI_Op op,
@@ -610,29 +599,14 @@ int MPI_Reduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype type,
         return PMPI_Reduce(sendbuf, recvbuf, count, type, op, root, comm);
     }
     PMPI_Comm_rank(comm, &rank);
-    size_t bytes = (size_t)count * type_size(xtype);
     /* Every rank gets the result from the switch's copies; only the root
      * keeps it. */
-    void *data = rank == root ? recvbuf : scratch_buf(0, bytes);
+    void *data = rank == root ? recvbuf : scratch_buf(0, (size_t)count * type_size(xtype));
     if (data == NULL)
         return no_memory(comm, "reduce");
     const void *input = sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf;
-    /* As in MPI_Allreduce: an integer sum's input must survive. */
-    const void *saved = NULL;
-    if (op == MPI_SUM && xtype != XINA_TYPE_FLOAT32) {
-        if (data == input) {
-            void *copy = scratch_buf(1, bytes);
-            if (copy == NULL)
-                return no_memory(comm, "reduce");
-            saved = memcpy(copy, input, bytes);
-        } else {
-            saved = input;
-        }
-    }
-    int rc = combine(m, comm, data != input ? input : NULL, data, saved, count, type, op, xtype,
-                     XINA_MODE_ALLREDUCE);
     xm.counts[C_REDUCE].through++;
-    return rc;
+    return combine(m, comm, data != input ? input : NULL, data, count, type, op, xtype, "reduce");
 }
 
 int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int recvcount, MPI_Datatype type,
@@ -653,14 +627,15 @@ int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int recvcount, 
     if (data == NULL)
         return no_memory(comm, "reduce_scatter_block");
     memcpy(data, input, bytes);
-    int rc = combine(m, comm, NULL, data, input, recvcount * size, type, op, xtype,
-                     XINA_MODE_REDUCE_SCATTER);
-    if (rc == -1) /* an integer sum overflowed: MPI's result instead */
-        rc = PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, type, op, comm);
-    else if (rc == MPI_SUCCESS)
-        memcpy(recvbuf, (char *)data + (size_t)rank * part, part);
     xm.counts[C_RS].through++;
-    return rc;
+    XinaStatus st = xina_reduce_scatter(m->worker, data, (size_t)recvcount * (size_t)size,
+                                        (uint32_t)xtype);
+    if (st == XINA_STATUS_OVERFLOW) /* an integer sum: the input is intact, MPI's result */
+        return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, type, op, comm);
+    if (st != XINA_STATUS_OK)
+        return failed(comm, "reduce-scatter");
+    memcpy(recvbuf, (char *)data + (size_t)rank * part, part);
+    return MPI_SUCCESS;
 }
 
 int MPI_Barrier(MPI_Comm comm)

@@ -190,22 +190,6 @@ pub struct XinaStats {
 }
 
 impl XinaStats {
-    const fn zero() -> Self {
-        Self {
-            calls: 0,
-            chunks: 0,
-            packets_sent: 0,
-            bytes_sent: 0,
-            packets_received: 0,
-            bytes_received: 0,
-            retransmissions: 0,
-            timeouts: 0,
-            from_cache: 0,
-            window: 0,
-            elapsed_ns: 0,
-        }
-    }
-
     fn add(&mut self, s: &Stats) {
         self.calls += 1;
         self.chunks += s.chunks;
@@ -244,21 +228,21 @@ pub struct XinaGroup {
 }
 
 impl XinaWorker {
-    const fn of(worker: Worker) -> Self {
+    fn of(worker: Worker) -> Self {
         Self {
             worker,
-            last: XinaStats::zero(),
-            total: XinaStats::zero(),
+            last: XinaStats::default(),
+            total: XinaStats::default(),
         }
     }
 }
 
 impl XinaGroup {
-    const fn of(member: GroupWorker) -> Self {
+    fn of(member: GroupWorker) -> Self {
         Self {
             member,
-            last: XinaStats::zero(),
-            total: XinaStats::zero(),
+            last: XinaStats::default(),
+            total: XinaStats::default(),
         }
     }
 }

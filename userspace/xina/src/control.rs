@@ -105,6 +105,10 @@ pub fn down(dir: &PinDir) -> Result<pin::Removed, dataplane::Error> {
 pub enum JobError {
     #[error(transparent)]
     Invalid(#[from] ConfigError),
+    /// The job is valid, but no free range of the slot pool is large
+    /// enough now (the error names the file's slots field).
+    #[error(transparent)]
+    PoolExhausted(ConfigError),
     #[error(transparent)]
     Dataplane(#[from] dataplane::Error),
 }
@@ -191,13 +195,13 @@ pub fn add_job(dp: &mut Dataplane, file: &JobFile) -> Result<JobSpec, JobError> 
         // Nothing to allocate, or more than the pool: `check` says which.
         None if count == 0 || count > pool => 0,
         None => allocate_slots(&used, pool, count).ok_or_else(|| {
-            bad(
-                file.slots_field(),
-                format!(
+            JobError::PoolExhausted(ConfigError {
+                field: file.slots_field().to_owned(),
+                message: format!(
                     "{count} slots wanted, but the pool is exhausted: its largest free range is {} of {pool} slots (`xina job rm` frees some)",
                     largest_free(&used, pool)
                 ),
-            )
+            })
         })?,
     };
     let ports: Vec<String> = dp.ports().iter().map(|p| p.name.clone()).collect();

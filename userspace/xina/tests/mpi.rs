@@ -80,7 +80,7 @@ impl Bed {
     }
 
     fn serve(&mut self, lease_secs: u64) -> Serve {
-        let text = pinned::service_text(
+        let text = xina_testbed::pmpi::service_text(
             &self.star,
             lease_secs,
             &format!(

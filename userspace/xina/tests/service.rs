@@ -198,7 +198,7 @@ fn tenants_get_jobs_within_quotas_and_leases_give_slots_back() {
     xina.ok(&["switch", "up", "-c", switch_file.to_str().unwrap()]);
     star.refresh_redirect_targets().unwrap();
 
-    let service = pinned::service_text(
+    let service = xina_testbed::pmpi::service_text(
         &star,
         LEASE_SECS,
         &format!(

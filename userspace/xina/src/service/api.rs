@@ -8,6 +8,7 @@ use axum::{
     body::Bytes,
     extract::{Path, State},
     http::{HeaderMap, StatusCode, header},
+    middleware,
     response::{IntoResponse, Response},
     routing::{get, post},
 };
@@ -193,19 +194,31 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/jobs/{id}/renew", post(renew_job))
         .route("/metrics", get(get_metrics))
         .fallback(not_found)
+        .layer(middleware::map_response_with_state(
+            Arc::clone(&service),
+            count_refusals,
+        ))
         .with_state(service)
+}
+
+/// Counts every answer that refuses, whichever handler gave it.
+async fn count_refusals(State(s): Shared, response: Response) -> Response {
+    let status = response.status();
+    if status.is_client_error() || status.is_server_error() {
+        s.refused(status);
+    }
+    response
 }
 
 type Shared = State<Arc<Service>>;
 
 /// Runs `f` on the blocking pool (the dataplane's maps are read with
-/// system calls), counting a refusal.
+/// system calls).
 async fn blocking<T: Send + 'static>(
     service: Arc<Service>,
     f: impl FnOnce(&Service) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    let s = Arc::clone(&service);
-    let out = tokio::task::spawn_blocking(move || f(&s))
+    tokio::task::spawn_blocking(move || f(&service))
         .await
         .unwrap_or_else(|e| {
             Err(ApiError::new(
@@ -213,11 +226,7 @@ async fn blocking<T: Send + 'static>(
                 None,
                 format!("the request failed: {e}"),
             ))
-        });
-    if let Err(e) = &out {
-        service.refused(e);
-    }
-    out
+        })
 }
 
 fn job_id(raw: &str) -> Result<u32, ApiError> {
@@ -230,20 +239,13 @@ fn job_id(raw: &str) -> Result<u32, ApiError> {
     })
 }
 
-fn counted<T>(service: &Service, r: Result<T, ApiError>) -> Result<T, ApiError> {
-    if let Err(e) = &r {
-        service.refused(e);
-    }
-    r
-}
-
 async fn get_switch(State(s): Shared, headers: HeaderMap) -> Result<Json<SwitchInfo>, ApiError> {
-    let tenant = counted(&s, s.authenticate(&headers))?;
+    let tenant = s.authenticate(&headers)?;
     blocking(s, move |s| s.switch_info(tenant)).await.map(Json)
 }
 
 async fn list_jobs(State(s): Shared, headers: HeaderMap) -> Result<Json<Leases>, ApiError> {
-    let tenant = counted(&s, s.authenticate(&headers))?;
+    let tenant = s.authenticate(&headers)?;
     blocking(s, move |s| s.list(tenant)).await.map(Json)
 }
 
@@ -252,8 +254,8 @@ async fn create_job(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<(StatusCode, Json<Created>), ApiError> {
-    let tenant = counted(&s, s.authenticate(&headers))?;
-    let req = counted(&s, JobRequest::parse(&body))?;
+    let tenant = s.authenticate(&headers)?;
+    let req = JobRequest::parse(&body)?;
     blocking(s, move |s| s.create(tenant, &req))
         .await
         .map(|c| (StatusCode::CREATED, Json(c)))
@@ -264,8 +266,8 @@ async fn show_job(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Leased>, ApiError> {
-    let tenant = counted(&s, s.authenticate(&headers))?;
-    let id = counted(&s, job_id(&id))?;
+    let tenant = s.authenticate(&headers)?;
+    let id = job_id(&id)?;
     blocking(s, move |s| s.show(tenant, id)).await.map(Json)
 }
 
@@ -274,8 +276,8 @@ async fn renew_job(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Renewed>, ApiError> {
-    let tenant = counted(&s, s.authenticate(&headers))?;
-    let id = counted(&s, job_id(&id))?;
+    let tenant = s.authenticate(&headers)?;
+    let id = job_id(&id)?;
     blocking(s, move |s| s.renew(tenant, id)).await.map(Json)
 }
 
@@ -284,8 +286,8 @@ async fn delete_job(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let tenant = counted(&s, s.authenticate(&headers))?;
-    let id = counted(&s, job_id(&id))?;
+    let tenant = s.authenticate(&headers)?;
+    let id = job_id(&id)?;
     blocking(s, move |s| s.release(tenant, id))
         .await
         .map(|()| StatusCode::NO_CONTENT)

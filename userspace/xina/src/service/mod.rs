@@ -238,9 +238,9 @@ impl Service {
         control::open(&self.dir).map_err(|e| ApiError::switch(&e))
     }
 
-    /// Counts a refusal, for `/metrics`.
-    pub fn refused(&self, e: &ApiError) {
-        *self.book().refused.entry(e.status.as_u16()).or_default() += 1;
+    /// Counts a refused request by its status, for `/metrics`.
+    pub fn refused(&self, status: StatusCode) {
+        *self.book().refused.entry(status.as_u16()).or_default() += 1;
     }
 
     /// The tenant `headers` authenticate.
@@ -275,7 +275,7 @@ impl Service {
         let t = &self.config.file.tenants[tenant];
         let (jobs, slots) = Self::usage(&self.book(), tenant);
         let pool = sw.dp.slot_pool();
-        let used: Vec<(u32, u32)> = sw.dp.jobs().map(|j| (j.slot_base, j.slot_count)).collect();
+        let used: u32 = sw.dp.jobs().map(|j| j.slot_count).sum();
         Ok(SwitchInfo {
             api: API,
             switch_addr: self.config.file.switch_addr,
@@ -288,7 +288,7 @@ impl Service {
                 max_slots: t.max_slots,
             },
             slot_pool: pool,
-            slots_free: pool.saturating_sub(used.iter().map(|u| u.1).sum()),
+            slots_free: pool.saturating_sub(used),
             ports: sw
                 .dp
                 .ports()
@@ -360,37 +360,25 @@ impl Service {
                     format!("every job id of the service ({first}..={last}) is taken"),
                 )
             })?;
-        let file = self.job_file(&sw.dp, id, req, &ports)?;
+        let file = Self::job_file(&sw.dp, id, req, &ports)?;
         let wanted = file.slots();
-        let slots_field = if file.slots_field() == "window" {
-            "window"
-        } else {
-            "slots"
-        };
         if slots.saturating_add(wanted) > t.max_slots {
             return Err(ApiError::field(
                 StatusCode::TOO_MANY_REQUESTS,
-                slots_field,
+                request_field(file.slots_field()),
                 format!(
                     "{wanted} slots would make tenant {}'s {} more than its quota of {}",
                     t.name, slots, t.max_slots
                 ),
             ));
         }
-        let used: Vec<(u32, u32)> = sw.dp.jobs().map(|j| (j.slot_base, j.slot_count)).collect();
-        let pool = sw.dp.slot_pool();
-        if wanted > 0 && wanted <= pool && control::allocate_slots(&used, pool, wanted).is_none() {
-            return Err(ApiError::field(
-                StatusCode::SERVICE_UNAVAILABLE,
-                slots_field,
-                format!(
-                    "{wanted} slots wanted, but the switch's largest free range is {} of {pool}",
-                    control::largest_free(&used, pool)
-                ),
-            ));
-        }
         let spec = control::add_job(&mut sw.dp, &file).map_err(|e| match e {
             JobError::Invalid(e) => bad(request_field(&e.field), e.message),
+            JobError::PoolExhausted(e) => ApiError::field(
+                StatusCode::SERVICE_UNAVAILABLE,
+                request_field(&e.field),
+                e.message,
+            ),
             JobError::Dataplane(e) => ApiError::switch(&e),
         })?;
         book.leases.insert(
@@ -419,7 +407,6 @@ impl Service {
     /// The job file of request `req` as job `id`, its defaults filled in
     /// from the switch (`ports`: each member's switch port).
     fn job_file(
-        &self,
         dp: &Dataplane,
         id: u32,
         req: &JobRequest,

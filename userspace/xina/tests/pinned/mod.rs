@@ -6,7 +6,6 @@
 #![allow(dead_code)]
 
 use std::{
-    fmt::Write as _,
     io::{BufRead as _, BufReader},
     path::PathBuf,
     process::{Child, Command, Output, Stdio},
@@ -112,28 +111,6 @@ impl Xina<'_> {
             .spawn()
             .unwrap()
     }
-}
-
-/// A service file for `star`'s switch: listening on the control address
-/// (a port the kernel picks), every worker's address routed to its port,
-/// leases of `lease_secs`, and `tenants` (`[[tenants]]` entries).
-pub fn service_text(star: &Star, lease_secs: u64, tenants: &str) -> String {
-    let mut text = format!(
-        "listen = \"{}:0\"\nswitch_addr = \"{}:{}\"\nlease_secs = {lease_secs}\njob_ids = [100, 199]\n",
-        star.control_ip(),
-        star.service_ip(),
-        xina_proto::XINA_UDP_PORT
-    );
-    for (r, w) in star.workers().iter().enumerate() {
-        let _ = write!(
-            text,
-            "[[hosts]]\nprefix = \"{}/32\"\nport = \"{}\"\n",
-            w.ip,
-            star.port(r).name
-        );
-    }
-    text.push_str(tenants);
-    text
 }
 
 /// The ids of the jobs installed on the switch.
